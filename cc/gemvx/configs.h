@@ -1,0 +1,41 @@
+// THE list of compiled kernel configs. It drives template instantiation and dispatch in
+// launch.cu and the list exported to Python (module.cc); tables name these ids.
+//
+// Adding a config means adding one line here. Ids are stable: never renumber an id that a shipped
+// table uses; append new ones.
+//
+// Families:
+//   RowMajor   (layout N, W is (M, K) row-major): P1 = threads per row (lanes that split K and
+//              meet in a shuffle/shared-memory reduction), P2 = rows per thread.
+//   Transposed (layout T, W stored (K, M) row-major): P1 = threads along M (each owns 16 bytes of
+//              consecutive outputs), P2 = 1; THREADS / P1 threads split K inside the block.
+// UNROLL = independent 16-byte loads per thread in flight (per row); NV = vectors handled per
+// block (1 = plain GEMV; >1 = multi-vector: W is read once for up to NV vectors).
+// Every config is compiled for float32, float16 and bfloat16, with a 16-byte-vector body and a
+// scalar variant for operands that are not 16-byte aligned.
+#pragma once
+
+//        id  family      THREADS  P1  P2  UNROLL  NV
+#define GEMVX_CONFIGS(X)                      \
+  X(0, RowMajor, 128, 4, 2, 2, 1)             \
+  X(1, RowMajor, 128, 8, 1, 4, 1)             \
+  X(2, RowMajor, 256, 8, 2, 2, 1)             \
+  X(3, RowMajor, 256, 16, 1, 4, 1)            \
+  X(4, RowMajor, 256, 32, 1, 4, 1)            \
+  X(5, RowMajor, 256, 32, 2, 4, 1)            \
+  X(6, RowMajor, 256, 32, 1, 8, 1)            \
+  X(7, RowMajor, 512, 32, 1, 4, 1)            \
+  X(8, RowMajor, 256, 64, 1, 4, 1)            \
+  X(9, RowMajor, 256, 128, 1, 4, 1)           \
+  X(10, RowMajor, 256, 256, 1, 8, 1)          \
+  X(11, RowMajor, 128, 16, 1, 2, 4)           \
+  X(12, RowMajor, 256, 32, 1, 2, 4)           \
+  X(13, RowMajor, 256, 32, 1, 1, 16)          \
+  X(14, RowMajor, 128, 8, 1, 1, 16)           \
+  X(20, Transposed, 256, 32, 1, 4, 1)         \
+  X(21, Transposed, 256, 64, 1, 4, 1)         \
+  X(22, Transposed, 128, 32, 1, 8, 1)         \
+  X(23, Transposed, 256, 128, 1, 4, 1)        \
+  X(24, Transposed, 512, 32, 1, 4, 1)         \
+  X(25, Transposed, 256, 32, 1, 2, 4)         \
+  X(26, Transposed, 256, 32, 1, 1, 16)

@@ -1,0 +1,132 @@
+// Small device helpers shared by the GEMV kernels: element conversion, 16-byte loads with cache
+// hints, warp reduction, and the argument block every kernel receives.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cstdint>
+#include <type_traits>
+
+namespace gemvx {
+namespace kernels {
+
+// Everything a kernel needs, passed by value. Strides are in elements.
+struct Args {
+  const void* W;
+  const void* x;
+  void* y;
+  const void* y_in;
+  float* ws;  // split-K partial sums: [split][group][vec][M] fp32
+  int64_t M, K, groups, nvec;
+  int64_t ldw, w_group;
+  int64_t x_vec, x_group;
+  int64_t y_vec, y_group;
+  int64_t y_in_vec, y_in_group;
+  int64_t split_span;  // K-units (16-byte chunks for RowMajor, rows of W for Transposed) per split
+  int64_t z_offset;    // first (group, vector-chunk) index of this launch
+  int32_t splits;      // 1: write y directly; >1: write partial sums to ws
+  int32_t vchunks;     // ceil(nvec / NV)
+  float alpha, beta;
+};
+
+// Raw storage for one load: 16 bytes in the vector body, one element in the scalar path.
+template <typename T, bool VEC>
+using Raw = std::conditional_t<VEC, uint4, T>;
+
+template <typename T, bool VEC>
+inline constexpr int kVecWidth = VEC ? int(16 / sizeof(T)) : 1;
+
+__device__ __forceinline__ float to_float(float v) { return v; }
+__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <typename T>
+__device__ __forceinline__ T from_float(float v);
+template <>
+__device__ __forceinline__ float from_float<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+__device__ __forceinline__ float2 pair_to_float2(uint32_t u, __half) {
+  return __half22float2(*reinterpret_cast<const __half2*>(&u));
+}
+__device__ __forceinline__ float2 pair_to_float2(uint32_t u, __nv_bfloat16) {
+  // bf16 -> fp32 is a shift: the low element goes to the high half of a float.
+  return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xffff0000u));
+}
+
+// Unpack one raw load into VW floats.
+template <typename T>
+__device__ __forceinline__ void unpack(const uint4& r, float (&f)[16 / sizeof(T)]) {
+  if constexpr (std::is_same_v<T, float>) {
+    f[0] = __uint_as_float(r.x);
+    f[1] = __uint_as_float(r.y);
+    f[2] = __uint_as_float(r.z);
+    f[3] = __uint_as_float(r.w);
+  } else {
+    const uint32_t w[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      float2 p = pair_to_float2(w[i], T{});
+      f[2 * i] = p.x;
+      f[2 * i + 1] = p.y;
+    }
+  }
+}
+template <typename T>
+__device__ __forceinline__ void unpack(const T& r, float (&f)[1]) {
+  f[0] = to_float(r);
+}
+
+// W is streamed once: read-only path, no L1 allocation.
+__device__ __forceinline__ uint4 load_stream(const uint4* p) {
+  uint4 r;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+               : "l"(p));
+  return r;
+}
+template <typename T>
+__device__ __forceinline__ T load_stream(const T* p) {
+  return __ldg(p);
+}
+
+// x is small and reused by every row: keep it cached.
+__device__ __forceinline__ uint4 load_keep(const uint4* p) { return __ldg(p); }
+template <typename T>
+__device__ __forceinline__ T load_keep(const T* p) {
+  return __ldg(p);
+}
+
+// Sum across groups of WIDTH consecutive lanes (WIDTH a power of two <= 32); every lane of the
+// group receives the total.
+template <int WIDTH>
+__device__ __forceinline__ float group_sum(float v) {
+#pragma unroll
+  for (int off = WIDTH / 2; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
+  return v;
+}
+
+// Final store of one output: y = alpha * acc + beta * y_in (y_in not read when beta == 0), or the
+// partial sum into the split-K workspace.
+template <typename T>
+__device__ __forceinline__ void store_output(const Args& a, int split, int64_t g, int64_t v,
+                                             int64_t m, float acc) {
+  if (a.splits > 1) {
+    a.ws[((int64_t(split) * a.groups + g) * a.nvec + v) * a.M + m] = acc;
+    return;
+  }
+  float out = a.alpha * acc;
+  if (a.beta != 0.0f) {
+    const T* yi = static_cast<const T*>(a.y_in);
+    out += a.beta * to_float(yi[g * a.y_in_group + v * a.y_in_vec + m]);
+  }
+  static_cast<T*>(a.y)[g * a.y_group + v * a.y_vec + m] = from_float<T>(out);
+}
+
+}  // namespace kernels
+}  // namespace gemvx

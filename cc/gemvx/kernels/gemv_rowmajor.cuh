@@ -1,0 +1,151 @@
+// Layout N: W is (M, K) row-major, y[m] = dot(W[m, :], x).
+//
+// TPR lanes share a row and walk K in 16-byte chunks (lane l reads chunks l, l+TPR, ...), so a
+// warp's loads are contiguous. Each thread owns R rows and keeps UNROLL x R stream loads of W in
+// flight before the first FMA. Partial sums meet in a shuffle (and, for TPR > 32, one shared-memory
+// step in fixed order, so results are bitwise reproducible). With split-K, blockIdx.y selects a
+// contiguous K range and the partial sums go to the workspace; finish.cuh adds them in order.
+#pragma once
+
+#include "common.cuh"
+
+namespace gemvx {
+namespace kernels {
+
+template <typename T, int THREADS, int TPR, int R, int U, int NV, bool VEC>
+__global__ void __launch_bounds__(THREADS) gemv_rowmajor(const Args a) {
+  static_assert(THREADS % TPR == 0 && (TPR & (TPR - 1)) == 0, "TPR must be a power of two");
+  constexpr int VW = kVecWidth<T, VEC>;
+  using Chunk = Raw<T, VEC>;
+  constexpr int GROUPS = THREADS / TPR;  // row groups per block
+  constexpr int ROWS = GROUPS * R;       // rows per block
+  constexpr int WARP_TPR = TPR < 32 ? TPR : 32;
+  constexpr int WARPS_PER_ROW = TPR / WARP_TPR;
+
+  const int lane = threadIdx.x % TPR;
+  const int grp = threadIdx.x / TPR;
+  const int split = blockIdx.y;
+  const int64_t z = a.z_offset + blockIdx.z;
+  const int64_t g = z / a.vchunks;
+  const int64_t v0 = (z % a.vchunks) * NV;
+  const int nv = int(a.nvec - v0 < NV ? a.nvec - v0 : NV);
+
+  const T* W = static_cast<const T*>(a.W) + g * a.w_group;
+  const T* X = static_cast<const T*>(a.x) + g * a.x_group + v0 * a.x_vec;
+
+  // Rows past M load the last row (in bounds, never stored): no predicate in the hot loop.
+  int64_t row[R];
+  const T* wrow[R];
+#pragma unroll
+  for (int j = 0; j < R; ++j) {
+    row[j] = int64_t(blockIdx.x) * ROWS + grp + int64_t(j) * GROUPS;
+    wrow[j] = W + (row[j] < a.M ? row[j] : a.M - 1) * a.ldw;
+  }
+  // Vectors past nvec alias the last valid one (in bounds, never stored).
+  const T* xv[NV];
+#pragma unroll
+  for (int v = 0; v < NV; ++v) xv[v] = X + int64_t(v < nv ? v : nv - 1) * a.x_vec;
+
+  const int64_t nchunk = a.K / VW;
+  const int64_t c_begin = min(int64_t(split) * a.split_span, nchunk);
+  const int64_t c_end = min(c_begin + a.split_span, nchunk);
+
+  float acc[R][NV];
+#pragma unroll
+  for (int j = 0; j < R; ++j)
+#pragma unroll
+    for (int v = 0; v < NV; ++v) acc[j][v] = 0.0f;
+
+  auto fma_chunk = [&](const Chunk (&w)[R], const Chunk (&xc)[NV]) {
+    float wf[R][VW];
+#pragma unroll
+    for (int j = 0; j < R; ++j) unpack<T>(w[j], wf[j]);
+#pragma unroll
+    for (int v = 0; v < NV; ++v) {
+      float xf[VW];
+      unpack<T>(xc[v], xf);
+#pragma unroll
+      for (int j = 0; j < R; ++j)
+#pragma unroll
+        for (int i = 0; i < VW; ++i) acc[j][v] = fmaf(wf[j][i], xf[i], acc[j][v]);
+    }
+  };
+
+  int64_t c = c_begin + lane;
+  for (; c + (U - 1) * TPR < c_end; c += U * TPR) {
+    Chunk w[U][R];
+    Chunk xc[U][NV];
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int j = 0; j < R; ++j)
+        w[u][j] = load_stream(reinterpret_cast<const Chunk*>(wrow[j]) + c + u * TPR);
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int v = 0; v < NV; ++v)
+        xc[u][v] = load_keep(reinterpret_cast<const Chunk*>(xv[v]) + c + u * TPR);
+#pragma unroll
+    for (int u = 0; u < U; ++u) fma_chunk(w[u], xc[u]);
+  }
+  for (; c < c_end; c += TPR) {
+    Chunk w[R];
+    Chunk xc[NV];
+#pragma unroll
+    for (int j = 0; j < R; ++j) w[j] = load_stream(reinterpret_cast<const Chunk*>(wrow[j]) + c);
+#pragma unroll
+    for (int v = 0; v < NV; ++v) xc[v] = load_keep(reinterpret_cast<const Chunk*>(xv[v]) + c);
+    fma_chunk(w, xc);
+  }
+  // Scalar tail (K % VW elements), done once, by the last split.
+  if (VEC && split == a.splits - 1) {
+    for (int64_t k = nchunk * VW + lane; k < a.K; k += TPR) {
+#pragma unroll
+      for (int v = 0; v < NV; ++v) {
+        const float xf = to_float(xv[v][k]);
+#pragma unroll
+        for (int j = 0; j < R; ++j) acc[j][v] = fmaf(to_float(wrow[j][k]), xf, acc[j][v]);
+      }
+    }
+  }
+
+#pragma unroll
+  for (int j = 0; j < R; ++j)
+#pragma unroll
+    for (int v = 0; v < NV; ++v) acc[j][v] = group_sum<WARP_TPR>(acc[j][v]);
+
+  if constexpr (WARPS_PER_ROW > 1) {
+    // One partial per warp; the row's first warp adds them in a fixed order.
+    __shared__ float red[GROUPS][WARPS_PER_ROW][R * NV];
+    const int wi = lane / 32;
+    if (lane % 32 == 0) {
+#pragma unroll
+      for (int j = 0; j < R; ++j)
+#pragma unroll
+        for (int v = 0; v < NV; ++v) red[grp][wi][j * NV + v] = acc[j][v];
+    }
+    __syncthreads();
+    if (wi != 0) return;
+#pragma unroll
+    for (int j = 0; j < R; ++j)
+#pragma unroll
+      for (int v = 0; v < NV; ++v) {
+        float s = 0.0f;
+#pragma unroll
+        for (int q = 0; q < WARPS_PER_ROW; ++q) s += red[grp][q][j * NV + v];
+        acc[j][v] = s;
+      }
+  }
+
+  // Every lane holds the totals; spread the R x NV stores over the lanes.
+#pragma unroll
+  for (int j = 0; j < R; ++j)
+#pragma unroll
+    for (int v = 0; v < NV; ++v) {
+      if (lane == (j * NV + v) % WARP_TPR && row[j] < a.M && v < nv)
+        store_output<T>(a, split, g, v0 + v, row[j], acc[j][v]);
+    }
+}
+
+}  // namespace kernels
+}  // namespace gemvx

@@ -1,0 +1,261 @@
+// Problem + config id + stream -> the instantiated kernel. The config list in configs.h is expanded
+// here into both the instantiations and the dispatch switch, so the two cannot drift.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+#include "configs.h"
+#include "kernels/finish.cuh"
+#include "kernels/gemv_rowmajor.cuh"
+#include "kernels/gemv_transposed.cuh"
+#include "launch.h"
+
+namespace gemvx {
+namespace {
+
+using kernels::Args;
+
+constexpr int64_t kMaxGridZ = 65535;
+
+// ----- config families: how a config maps onto a kernel and a grid ---------------------------
+
+template <int THREADS, int TPR, int R, int U, int NV>
+struct RowMajor {
+  static constexpr bool kTrans = false;
+  static constexpr int kThreads = THREADS, kNV = NV;
+  // K is cut into 16-byte chunks (elements in the scalar variant).
+  static int64_t k_units(const Problem& p, int vw) { return p.K / vw; }
+  static int64_t min_units_per_split() { return int64_t(TPR) * U; }
+  static int64_t round_span(int64_t s) { return (s + TPR - 1) / TPR * TPR; }
+  static int64_t grid_x(const Problem& p, int) { return (p.M + THREADS / TPR * R - 1) / (THREADS / TPR * R); }
+  template <typename T, bool VEC>
+  static void launch(dim3 grid, cudaStream_t s, const Args& a) {
+    kernels::gemv_rowmajor<T, THREADS, TPR, R, U, NV, VEC><<<grid, THREADS, 0, s>>>(a);
+  }
+};
+
+template <int THREADS, int CB, int P2, int U, int NV>
+struct Transposed {
+  static_assert(P2 == 1, "Transposed configs take P2 = 1");
+  static constexpr bool kTrans = true;
+  static constexpr int kThreads = THREADS, kNV = NV;
+  static constexpr int kSlices = THREADS / CB;
+  // K is cut into rows of W.
+  static int64_t k_units(const Problem& p, int) { return p.K; }
+  static int64_t min_units_per_split() { return int64_t(kSlices) * U; }
+  static int64_t round_span(int64_t s) { return (s + kSlices - 1) / kSlices * kSlices; }
+  static int64_t grid_x(const Problem& p, int vw) {
+    const int64_t chunks = (p.M + vw - 1) / vw;
+    return (chunks + CB - 1) / CB;
+  }
+  template <typename T, bool VEC>
+  static void launch(dim3 grid, cudaStream_t s, const Args& a) {
+    kernels::gemv_transposed<T, THREADS, CB, U, NV, VEC><<<grid, THREADS, 0, s>>>(a);
+  }
+};
+
+#define GEMVX_INFO(id, fam, th, p1, p2, u, nv) \
+  ConfigInfo{id, fam<th, p1, p2, u, nv>::kTrans, th, p1, p2, u, nv},
+constexpr ConfigInfo kConfigs[] = {GEMVX_CONFIGS(GEMVX_INFO)};
+#undef GEMVX_INFO
+constexpr int kNumConfigs = int(sizeof(kConfigs) / sizeof(kConfigs[0]));
+
+bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
+bool stride16(int64_t stride_elems, int64_t extent, std::size_t esize) {
+  // A stride matters only when the dimension has more than one entry.
+  return extent <= 1 || (stride_elems * int64_t(esize)) % 16 == 0;
+}
+
+// 16-byte loads need W (and, row-major, x) rows that all start on 16-byte boundaries.
+bool vector_ok(const Problem& p) {
+  const std::size_t es = dtype_size(p.dtype);
+  const int64_t stored_rows = p.trans ? p.K : p.M;
+  bool ok = aligned16(p.W) && stride16(p.ldw, stored_rows, es) && stride16(p.w_group, p.groups, es);
+  if (!p.trans)
+    ok = ok && aligned16(p.x) && stride16(p.x_vec, p.nvec, es) && stride16(p.x_group, p.groups, es);
+  return ok;
+}
+
+template <typename T>
+int vec_width(bool vec) {
+  return vec ? int(16 / sizeof(T)) : 1;
+}
+
+// Split plan for a family: the span (in K units) each split covers and how many splits exist.
+template <typename Fam>
+void plan_splits(const Problem& p, int vw, int requested, int64_t* span, int* splits) {
+  const int64_t units = Fam::k_units(p, vw);
+  int s = std::max(requested, 1);
+  // Each split must get at least one full unrolled step of every lane.
+  const int64_t max_useful = std::max<int64_t>(1, units / Fam::min_units_per_split());
+  if (s > max_useful) s = int(max_useful);
+  if (s > 65535) s = 65535;
+  int64_t sp = Fam::round_span((units + s - 1) / s);
+  if (sp == 0) sp = Fam::round_span(1);
+  *span = sp;
+  *splits = s;
+}
+
+Args make_args(const Problem& p) {
+  Args a{};
+  a.W = p.W;
+  a.x = p.x;
+  a.y = p.y;
+  a.y_in = p.y_in;
+  a.M = p.M;
+  a.K = p.K;
+  a.groups = p.groups;
+  a.nvec = p.nvec;
+  a.ldw = p.ldw;
+  a.w_group = p.w_group;
+  a.x_vec = p.x_vec;
+  a.x_group = p.x_group;
+  a.y_vec = p.y_vec;
+  a.y_group = p.y_group;
+  a.y_in_vec = p.y_in_vec;
+  a.y_in_group = p.y_in_group;
+  a.alpha = p.alpha;
+  a.beta = p.beta;
+  return a;
+}
+
+Status from_cuda(cudaError_t e) {
+  if (e == cudaSuccess) return {};
+  if (e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver || e == cudaErrorInitializationError)
+    return {Code::kNoDevice, int32_t(e)};
+  return {Code::kCudaError, int32_t(e)};
+}
+
+template <typename T>
+Status launch_finish(const Args& a, cudaStream_t s) {
+  const int64_t n = a.groups * a.nvec * a.M;
+  const int64_t blocks = std::min<int64_t>((n + 255) / 256, 65535);
+  kernels::finish<T><<<dim3(unsigned(blocks)), 256, 0, s>>>(a);
+  return from_cuda(cudaGetLastError());
+}
+
+template <typename Fam, typename T>
+Status run_typed(const Problem& p, int requested_splits, void* ws, std::size_t ws_size,
+                 cudaStream_t stream) {
+  const bool vec = vector_ok(p);
+  const int vw = vec_width<T>(vec);
+  Args a = make_args(p);
+  int splits;
+  plan_splits<Fam>(p, vw, requested_splits, &a.split_span, &splits);
+  a.splits = splits;
+  a.ws = static_cast<float*>(ws);
+  if (splits > 1) {
+    const std::size_t need = std::size_t(splits) * p.groups * p.nvec * p.M * sizeof(float);
+    if (ws == nullptr || ws_size < need) return {Code::kWorkspaceTooSmall, 0};
+  }
+  a.vchunks = int32_t((p.nvec + Fam::kNV - 1) / Fam::kNV);
+  const int64_t gx = Fam::grid_x(p, vw);
+  if (gx > 0x7fffffff) return {Code::kUnsupported, 0};
+  const int64_t total_z = p.groups * a.vchunks;
+  cudaGetLastError();  // clear a stale, non-sticky error so it is not reported as ours
+  for (int64_t z0 = 0; z0 < total_z; z0 += kMaxGridZ) {
+    a.z_offset = z0;
+    const dim3 grid(unsigned(gx), unsigned(splits), unsigned(std::min(kMaxGridZ, total_z - z0)));
+    if (vec)
+      Fam::template launch<T, true>(grid, stream, a);
+    else
+      Fam::template launch<T, false>(grid, stream, a);
+    Status st = from_cuda(cudaGetLastError());
+    if (!st.ok()) return st;
+  }
+  if (splits > 1) return launch_finish<T>(a, stream);
+  return {};
+}
+
+template <typename Fam>
+Status run(const Problem& p, int splits, void* ws, std::size_t ws_size, cudaStream_t stream) {
+  if (Fam::kTrans != p.trans) return {Code::kInvalidConfig, 0};
+  switch (p.dtype) {
+    case DType::kFloat32:
+      return run_typed<Fam, float>(p, splits, ws, ws_size, stream);
+    case DType::kFloat16:
+      return run_typed<Fam, __half>(p, splits, ws, ws_size, stream);
+    case DType::kBFloat16:
+      return run_typed<Fam, __nv_bfloat16>(p, splits, ws, ws_size, stream);
+  }
+  return {Code::kInvalidArgument, 0};
+}
+
+template <typename Fam>
+int splits_for(const Problem& p, int splits) {
+  int vw = 1;
+  switch (p.dtype) {
+    case DType::kFloat32: vw = vec_width<float>(vector_ok(p)); break;
+    default: vw = vec_width<__half>(vector_ok(p)); break;
+  }
+  int64_t span;
+  int s;
+  plan_splits<Fam>(p, vw, splits, &span, &s);
+  return s;
+}
+
+}  // namespace
+
+const ConfigInfo* config_list(int* count) {
+  *count = kNumConfigs;
+  return kConfigs;
+}
+
+const ConfigInfo* find_config(int id) {
+  for (const ConfigInfo& c : kConfigs)
+    if (c.id == id) return &c;
+  return nullptr;
+}
+
+int effective_splits(const Problem& p, int config, int splits) {
+  if (p.K == 0) return 0;
+#define GEMVX_CASE(id, fam, th, p1, p2, u, nv) \
+  case id:                                     \
+    return splits_for<fam<th, p1, p2, u, nv>>(p, splits);
+  switch (config) {
+    GEMVX_CONFIGS(GEMVX_CASE)
+    default:
+      return 1;
+  }
+#undef GEMVX_CASE
+}
+
+std::size_t workspace_bytes(const Problem& p, int config, int splits) {
+  const int s = effective_splits(p, config, splits);
+  if (s <= 1) return 0;
+  return std::size_t(s) * std::size_t(p.groups) * std::size_t(p.nvec) * std::size_t(p.M) *
+         sizeof(float);
+}
+
+Status launch(const Problem& p, int config, int splits, void* ws, std::size_t ws_size,
+              void* stream_ptr) {
+  Status st = validate(p);
+  if (!st.ok()) return st;
+  const ConfigInfo* info = find_config(config);
+  if (info == nullptr || info->trans != p.trans) return {Code::kInvalidConfig, 0};
+  if (p.M == 0 || p.groups == 0 || p.nvec == 0) return {};  // empty result: nothing to launch
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
+  if (p.K == 0) {
+    // y = beta * y_in (zero when beta == 0): the finish kernel with no splits to add.
+    Args a = make_args(p);
+    a.splits = 0;
+    cudaGetLastError();
+    switch (p.dtype) {
+      case DType::kFloat32: return launch_finish<float>(a, stream);
+      case DType::kFloat16: return launch_finish<__half>(a, stream);
+      case DType::kBFloat16: return launch_finish<__nv_bfloat16>(a, stream);
+    }
+    return {Code::kInvalidArgument, 0};
+  }
+#define GEMVX_CASE(id, fam, th, p1, p2, u, nv) \
+  case id:                                     \
+    return run<fam<th, p1, p2, u, nv>>(p, splits, ws, ws_size, stream);
+  switch (config) {
+    GEMVX_CONFIGS(GEMVX_CASE)
+    default:
+      return {Code::kInvalidConfig, 0};
+  }
+#undef GEMVX_CASE
+}
+
+}  // namespace gemvx

@@ -1,0 +1,41 @@
+// The one launcher: (Problem, config id, split count, workspace, stream) -> kernel(s).
+// Never throws, aborts, exits or prints; every failure is a Status.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "problem.h"
+
+namespace gemvx {
+
+// One compiled config, as listed in configs.h.
+struct ConfigInfo {
+  int id;
+  bool trans;       // false: RowMajor family (layout N); true: Transposed family (layout T)
+  int threads;
+  int p1;           // RowMajor: threads per row; Transposed: threads along M
+  int p2;           // RowMajor: rows per thread; Transposed: 1
+  int unroll;
+  int max_vectors;  // NV
+};
+
+// The compiled configs in list order; *count receives their number.
+const ConfigInfo* config_list(int* count);
+const ConfigInfo* find_config(int id);
+
+// Splits the launcher will really use for this problem (<= requested; 1 means no split-K).
+int effective_splits(const Problem& p, int config, int splits);
+
+// Workspace bytes the launch needs (0 when it does not split K).
+std::size_t workspace_bytes(const Problem& p, int config, int splits);
+
+// Runs y = alpha * op(W) x + beta * y_in on `stream` (a cudaStream_t; 0 is the legacy stream).
+// `splits` > 1 asks for split-K (needs workspace_bytes() of device memory in `workspace`).
+Status launch(const Problem& p, int config, int splits, void* workspace,
+              std::size_t workspace_size, void* stream);
+
+// CPU reference of the same Problem (host pointers), double accumulation.
+Status reference(const Problem& p);
+
+}  // namespace gemvx

@@ -1,0 +1,145 @@
+// nanobind module: the CuPy door's entry into the launcher, the CPU reference, the compiled config
+// list and device/build information. Thin by design: no checks beyond what the core does, no
+// heuristics. Pointers travel as integers; statuses travel back as (code, cuda_error) tuples.
+#include <cuda_runtime.h>
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+
+#include <cstdint>
+#include <string>
+
+#include "gemvx/launch.h"
+
+namespace nb = nanobind;
+using gemvx::Problem;
+using gemvx::Status;
+
+namespace {
+
+#ifndef GEMVX_VERSION
+#define GEMVX_VERSION "0.0.0"
+#endif
+#ifndef GEMVX_CUDA_ARCHS
+#define GEMVX_CUDA_ARCHS ""
+#endif
+
+std::tuple<int, int> to_tuple(Status s) { return {int(s.code), int(s.cuda_error)}; }
+
+template <typename Ptr>
+void bind_ptr(nb::class_<Problem>& c, const char* name, Ptr Problem::*field) {
+  c.def_prop_rw(
+      name, [field](const Problem& p) { return reinterpret_cast<uintptr_t>(p.*field); },
+      [field](Problem& p, uintptr_t v) { p.*field = reinterpret_cast<Ptr>(v); });
+}
+
+}  // namespace
+
+NB_MODULE(_ext, m) {
+  m.doc() = "gemvx compiled core (kernels, launcher, CPU reference)";
+
+  auto cls = nb::class_<Problem>(m, "Problem")
+                 .def(nb::init<>())
+                 .def_prop_rw(
+                     "dtype", [](const Problem& p) { return int(p.dtype); },
+                     [](Problem& p, int v) { p.dtype = gemvx::DType(v); })
+                 .def_rw("trans", &Problem::trans)
+                 .def_rw("M", &Problem::M)
+                 .def_rw("K", &Problem::K)
+                 .def_rw("groups", &Problem::groups)
+                 .def_rw("nvec", &Problem::nvec)
+                 .def_rw("ldw", &Problem::ldw)
+                 .def_rw("w_group", &Problem::w_group)
+                 .def_rw("x_vec", &Problem::x_vec)
+                 .def_rw("x_group", &Problem::x_group)
+                 .def_rw("y_vec", &Problem::y_vec)
+                 .def_rw("y_group", &Problem::y_group)
+                 .def_rw("y_in_vec", &Problem::y_in_vec)
+                 .def_rw("y_in_group", &Problem::y_in_group)
+                 .def_rw("alpha", &Problem::alpha)
+                 .def_rw("beta", &Problem::beta);
+  bind_ptr(cls, "W", &Problem::W);
+  bind_ptr(cls, "x", &Problem::x);
+  bind_ptr(cls, "y", &Problem::y);
+  bind_ptr(cls, "y_in", &Problem::y_in);
+
+  m.def(
+      "launch",
+      [](const Problem& p, int config, int splits, uintptr_t ws, size_t ws_bytes, uintptr_t stream) {
+        return to_tuple(gemvx::launch(p, config, splits, reinterpret_cast<void*>(ws), ws_bytes,
+                                      reinterpret_cast<void*>(stream)));
+      },
+      nb::arg("problem"), nb::arg("config"), nb::arg("splits"), nb::arg("workspace"),
+      nb::arg("workspace_bytes"), nb::arg("stream"),
+      "Launch on a CUDA stream (device pointers). Returns (status code, cuda error).");
+  m.def(
+      "reference", [](const Problem& p) { return to_tuple(gemvx::reference(p)); },
+      nb::arg("problem"), "Run the CPU reference (host pointers). Returns (status code, 0).");
+  m.def("workspace_bytes", &gemvx::workspace_bytes, nb::arg("problem"), nb::arg("config"),
+        nb::arg("splits"));
+  m.def("effective_splits", &gemvx::effective_splits, nb::arg("problem"), nb::arg("config"),
+        nb::arg("splits"));
+  m.def("status_message", [](int code) { return std::string(gemvx::status_message(gemvx::Code(code))); });
+  m.def("cuda_error_string", [](int err) {
+    return std::string(cudaGetErrorName(cudaError_t(err))) + ": " +
+           cudaGetErrorString(cudaError_t(err));
+  });
+
+  m.def("configs", []() {
+    nb::list out;
+    int n = 0;
+    const gemvx::ConfigInfo* list = gemvx::config_list(&n);
+    for (int i = 0; i < n; ++i) {
+      nb::dict d;
+      d["id"] = list[i].id;
+      d["layout"] = list[i].trans ? "T" : "N";
+      d["threads"] = list[i].threads;
+      d["p1"] = list[i].p1;
+      d["p2"] = list[i].p2;
+      d["unroll"] = list[i].unroll;
+      d["max_vectors"] = list[i].max_vectors;
+      out.append(d);
+    }
+    return out;
+  });
+
+  m.def("device_count", []() {
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      n = 0;
+    }
+    return std::make_tuple(n, int(e));
+  });
+  m.def("current_device", []() {
+    int d = -1;
+    cudaError_t e = cudaGetDevice(&d);
+    return std::make_tuple(d, int(e));
+  });
+  m.def(
+      "device_properties",
+      [](int dev) {
+        cudaDeviceProp prop{};
+        cudaError_t e = cudaGetDeviceProperties(&prop, dev);
+        nb::dict d;
+        if (e == cudaSuccess) {
+          d["name"] = std::string(prop.name);
+          d["major"] = prop.major;
+          d["minor"] = prop.minor;
+          d["sm_count"] = prop.multiProcessorCount;
+          d["l2_bytes"] = prop.l2CacheSize;
+          d["memory_bytes"] = prop.totalGlobalMem;
+        }
+        return std::make_tuple(int(e), d);
+      },
+      nb::arg("device"));
+
+  m.def("build_info", []() {
+    nb::dict d;
+    d["version"] = GEMVX_VERSION;
+    d["cuda_runtime"] = CUDART_VERSION;
+    d["cuda_architectures"] = GEMVX_CUDA_ARCHS;
+    return d;
+  });
+}

@@ -1,0 +1,39 @@
+"""gemvx: fast matrix-vector multiply (GEMV) CUDA kernels for GPU Python.
+
+Doors:
+  * :func:`cupy_gemv` -- the CuPy op (CUDA arrays in, CUDA arrays out, CuPy's current stream).
+  * :func:`gemv_reference` -- the same operation on NumPy arrays through the C++ CPU reference.
+
+Both compute ``y = alpha * op(W) @ x + beta * y_in`` with fp32 accumulation for float32, float16
+and bfloat16; ``op(W) = W`` for W of shape (..., M, K), ``W^T`` with ``transpose=True`` for W
+stored (..., K, M).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._version import __version__
+from ._core import NoGPUError, build_info, compiled_configs, gpu_count
+from .cupy_ops import cupy_gemv
+from .reference import gemv_reference
+
+__all__ = [
+    "__version__",
+    "cupy_gemv",
+    "gemv_reference",
+    "configs",
+    "gpu_available",
+    "build_info",
+    "NoGPUError",
+]
+
+
+def configs() -> list[dict[str, Any]]:
+    """The kernel configs compiled into this build (ids valid for ``config=``)."""
+    return [dict(c) for c in compiled_configs()]
+
+
+def gpu_available() -> bool:
+    """True when the CUDA runtime sees at least one GPU (no driver or no device: False)."""
+    return gpu_count() > 0

@@ -1,0 +1,261 @@
+"""Shape, layout and batch planning shared by every door.
+
+A call ``y = alpha * op(W) @ x + beta * y_in`` with batch dims is reduced to the core's Problem:
+``groups`` independent matrices, each multiplied with ``nvec`` vectors. The batch dims of the
+result ``S = broadcast(W.shape[:-2], x.shape[:-1])`` are split into *group* dims (where W varies)
+and *vector* dims (where W is broadcast, so one matrix meets many vectors and is read once per
+chunk of vectors). When a vector dim comes before a group dim the work runs in (group, vector)
+order and the small result is permuted back.
+
+``prepare`` works on NumPy or CuPy arrays alike (``xp`` is the module), so the CuPy door and the
+CPU reference share it; the JAX door reuses ``plan_shapes`` and ``matrix_layout``.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from ._core import DTYPE_CODES, _ext
+
+
+def dtype_name(a: Any) -> str:
+    return np.dtype(a.dtype).name
+
+
+def check_dtypes(W: Any, x: Any, y: Any = None, y_name: str = "out") -> str:
+    """The common dtype name of W, x (and y); TypeError otherwise."""
+    supported = ", ".join(DTYPE_CODES)
+    dw = dtype_name(W)
+    if dw not in DTYPE_CODES:
+        raise TypeError(f"gemvx: W has dtype {dw}; expected one of {supported}")
+    dx = dtype_name(x)
+    if dx not in DTYPE_CODES:
+        raise TypeError(f"gemvx: x has dtype {dx}; expected one of {supported}")
+    if dw != dx:
+        raise TypeError(f"gemvx: W and x must share one dtype; got W {dw} and x {dx}")
+    if y is not None and dtype_name(y) != dw:
+        raise TypeError(f"gemvx: {y_name} has dtype {dtype_name(y)}; expected {dw} (the dtype of W and x)")
+    return dw
+
+
+def check_scalar(value: Any, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"gemvx: {name} must be a real number; got {type(value).__name__}")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class ShapePlan:
+    """How a batched call maps onto (groups, nvec) GEMVs."""
+
+    M: int
+    K: int
+    batch: tuple[int, ...]  # broadcast batch shape of the result
+    g_dims: tuple[int, ...]  # batch dims where W varies
+    v_dims: tuple[int, ...]  # batch dims where W is broadcast and x varies
+    groups: int
+    nvec: int
+    reorder: bool  # work order (g_dims + v_dims) differs from the result's order
+
+    @property
+    def out_shape(self) -> tuple[int, ...]:
+        return self.batch + (self.M,)
+
+    @property
+    def empty(self) -> bool:
+        return self.M == 0 or math.prod(self.batch) == 0
+
+    @property
+    def work_shape(self) -> tuple[int, ...]:
+        return tuple(self.batch[i] for i in self.g_dims + self.v_dims)
+
+    def x_axes(self) -> tuple[int, ...]:
+        """Axes of the broadcast x (S + (K,)) in work order, size-1 dims last."""
+        n = len(self.batch)
+        rest = tuple(i for i in range(n) if i not in self.g_dims + self.v_dims)
+        return self.g_dims + self.v_dims + rest + (n,)
+
+    def result_axes(self) -> tuple[int, ...]:
+        """Axes that bring a (*work_shape, M) array back to the result's dim order."""
+        order = self.g_dims + self.v_dims
+        return tuple(int(i) for i in np.argsort(order)) + (len(order),)
+
+
+def plan_shapes(w_shape: tuple[int, ...], x_shape: tuple[int, ...], transpose: bool) -> ShapePlan:
+    """Validate shapes (ValueError naming the argument) and plan the batch mapping."""
+    w_shape, x_shape = tuple(int(d) for d in w_shape), tuple(int(d) for d in x_shape)
+    if len(w_shape) < 2:
+        want = "(..., K, M)" if transpose else "(..., M, K)"
+        raise ValueError(f"gemvx: W must have at least 2 dimensions {want}; got shape {w_shape}")
+    if len(x_shape) < 1:
+        raise ValueError(f"gemvx: x must have at least 1 dimension (..., K); got shape {x_shape}")
+    if transpose:
+        K, M = w_shape[-2:]
+    else:
+        M, K = w_shape[-2:]
+    if x_shape[-1] != K:
+        raise ValueError(
+            f"gemvx: x has {x_shape[-1]} entries along its last axis but W of shape {w_shape} "
+            f"(transpose={transpose}) needs K={K}"
+        )
+    wb, xb = w_shape[:-2], x_shape[:-1]
+    try:
+        batch = tuple(int(d) for d in np.broadcast_shapes(wb, xb))
+    except ValueError:
+        raise ValueError(
+            f"gemvx: the batch dims of W {wb} and of x {xb} do not broadcast together"
+        ) from None
+    n = len(batch)
+    wbp = (1,) * (n - len(wb)) + wb
+    g_dims = tuple(i for i in range(n) if wbp[i] > 1)
+    v_dims = tuple(i for i in range(n) if wbp[i] == 1 and batch[i] > 1)
+    groups = math.prod(batch[i] for i in g_dims)
+    nvec = math.prod(batch[i] for i in v_dims)
+    reorder = bool(g_dims and v_dims and max(g_dims) > min(v_dims))
+    return ShapePlan(M, K, batch, g_dims, v_dims, groups, nvec, reorder)
+
+
+def matrix_layout(rows: int, cols: int, s_r: int, s_c: int, transpose: bool) -> tuple[bool, int] | None:
+    """Kernel layout for a stored matrix of shape (rows, cols) with element strides (s_r, s_c).
+
+    Returns (kernel_trans, ldw): a row-major matrix runs as stored; a column-major one (e.g. an
+    F-contiguous array or a ``.T`` view) is the other layout with no copy. None: needs a copy.
+    """
+    if s_r < 0 or s_c < 0:
+        return None
+    if (cols <= 1 or s_c == 1) and (rows <= 1 or s_r >= cols):
+        return transpose, (s_r if rows > 1 else max(cols, 1))
+    if (rows <= 1 or s_r == 1) and (cols <= 1 or s_c >= rows):
+        return (not transpose), (s_c if cols > 1 else max(rows, 1))
+    return None
+
+
+def w_strides(W: Any, transpose: bool) -> tuple[bool, int, int] | None:
+    """(kernel_trans, ldw, w_group) for W as stored, or None when W must be copied to C order.
+
+    The matrix must be row- or column-major (any leading dimension); the batch dims of size > 1
+    must collapse into one stride (0 for a broadcast W).
+    """
+    es = _elem_strides(W)
+    rows, cols = int(W.shape[-2]), int(W.shape[-1])
+    if W.size == 0:
+        return transpose, max(cols, 1), 0
+    lay = matrix_layout(rows, cols, es[-2], es[-1], transpose)
+    if lay is None:
+        return None
+    batch = [(int(n), s) for n, s in zip(W.shape[:-2], es[:-2]) if n > 1]
+    for i, (n, s) in enumerate(batch):
+        if s < 0 or (i + 1 < len(batch) and s != batch[i + 1][1] * batch[i + 1][0]):
+            return None
+    return lay[0], lay[1], (batch[-1][1] if batch else 0)
+
+
+def kernel_layout(W: Any, transpose: bool) -> str:
+    """The kernel layout ("N" or "T") that :func:`prepare` will run for W, without copying."""
+    lay = w_strides(W, transpose)
+    trans = lay[0] if lay is not None else transpose
+    return "T" if trans else "N"
+
+
+def _elem_strides(a: Any) -> tuple[int, ...]:
+    return tuple(s // a.itemsize for s in a.strides)
+
+
+def _ptr(a: Any) -> int:
+    if isinstance(a, np.ndarray):
+        return int(a.ctypes.data)
+    return int(a.data.ptr)
+
+
+@dataclass
+class Prepared:
+    """A Problem ready to run, the arrays it points into, and how to finish the result."""
+
+    problem: Any
+    layout: str  # "N" or "T": the kernel layout that will run
+    keep: tuple  # arrays the problem points into (kept alive until the launch is queued)
+    finish: Callable[[], Any]
+
+
+def prepare(xp: Any, W: Any, x: Any, out: Any, alpha: float, beta: float, transpose: bool,
+            plan: ShapePlan, dtype: str) -> Prepared:
+    """Build the core Problem for arrays of module ``xp`` (numpy or cupy).
+
+    ``out`` (or None) is the result array; when beta != 0 it is also read as y_in.
+    """
+    M, K, G, V = plan.M, plan.K, plan.groups, plan.nvec
+    p = _ext.Problem()
+    p.dtype = DTYPE_CODES[dtype]
+    p.M, p.K, p.groups, p.nvec = M, K, G, V
+    p.alpha, p.beta = alpha, beta
+
+    # W: pointer and strides as stored; copied to C order only when they do not fit.
+    lay = w_strides(W, transpose)
+    if lay is None:
+        W = xp.ascontiguousarray(W)
+        lay = w_strides(W, transpose)
+    p.trans, p.ldw, p.w_group = lay
+    p.W = _ptr(W) if W.size else 0
+
+    # x as (G, V, K) with unit stride along K (x is small: copies here are cheap).
+    xw = xp.broadcast_to(x, plan.batch + (K,)).transpose(plan.x_axes()).reshape((G, V, K))
+    if K > 1 and xw.strides[2] != xw.itemsize or any(s < 0 for s in xw.strides):
+        xw = xp.ascontiguousarray(xw)
+    xs = _elem_strides(xw)
+    p.x = _ptr(xw) if xw.size else 0
+    p.x_group, p.x_vec = (xs[0] if G > 1 else 0), (xs[1] if V > 1 else 0)
+
+    # y as (G, V, M), contiguous.
+    y_in = None
+    if out is not None and not plan.reorder:
+        yw = out.reshape((G, V, M))
+        if beta != 0.0:
+            y_in = yw
+    else:
+        yw = xp.empty((G, V, M), dtype=x.dtype)
+        if beta != 0.0:
+            y_in = xp.ascontiguousarray(
+                out.transpose(plan.x_axes()).reshape((G, V, M))
+            )
+    ys = _elem_strides(yw)
+    p.y = _ptr(yw)
+    p.y_group, p.y_vec = (ys[0] if G > 1 else 0), (ys[1] if V > 1 else 0)
+    if y_in is not None:
+        yis = _elem_strides(y_in)
+        p.y_in = _ptr(y_in)
+        p.y_in_group, p.y_in_vec = (yis[0] if G > 1 else 0), (yis[1] if V > 1 else 0)
+
+    def finish() -> Any:
+        if not plan.reorder:
+            return out if out is not None else yw.reshape(plan.out_shape)
+        back = yw.reshape(plan.work_shape + (M,)).transpose(plan.result_axes()).reshape(plan.out_shape)
+        if out is None:
+            return xp.ascontiguousarray(back)
+        out[...] = back
+        return out
+
+    return Prepared(p, "T" if p.trans else "N", (W, xw, yw, y_in), finish)
+
+
+def check_call(W: Any, x: Any, out: Any, alpha: Any, beta: Any, transpose: Any) -> tuple[str, ShapePlan, float, float]:
+    """Checks every door makes before anything runs: dtypes, scalars, shapes, ``out``."""
+    if not isinstance(transpose, (bool, np.bool_)):
+        raise TypeError(f"gemvx: transpose must be a bool; got {type(transpose).__name__}")
+    dtype = check_dtypes(W, x)
+    alpha_f, beta_f = check_scalar(alpha, "alpha"), check_scalar(beta, "beta")
+    plan = plan_shapes(W.shape, x.shape, bool(transpose))
+    if out is not None:
+        if tuple(out.shape) != plan.out_shape:
+            raise ValueError(f"gemvx: out has shape {tuple(out.shape)}; expected {plan.out_shape}")
+        if dtype_name(out) != dtype:
+            raise ValueError(f"gemvx: out has dtype {dtype_name(out)}; expected {dtype} (the dtype of W and x)")
+        if not out.flags.c_contiguous:
+            raise ValueError("gemvx: out must be C-contiguous")
+    elif beta_f != 0.0:
+        raise ValueError("gemvx: beta != 0 reads y_in from out=, but out is None")
+    return dtype, plan, alpha_f, beta_f

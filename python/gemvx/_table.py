@@ -1,0 +1,207 @@
+"""The heuristic table: which compiled config (and split-K count) runs a given problem.
+
+Tables are JSON files, one per GPU (``tables/sm_90.json`` for an architecture, optionally with a
+``device`` name such as ``"NVIDIA H200"`` for one card). Each entry is a measured point
+``(dtype, layout, batch, M, K) -> (config, splits)``. A lookup takes the entries of the same
+layout and dtype and picks the nearest point in log2 space over (batch, M, K): GEMV cost is
+smooth in the logarithm of the sizes, so the nearest tuned shape is a good proxy. Lookups are
+cached.
+
+Files are searched in ``$GEMVX_TABLE_DIR`` (user tables, e.g. written by a tuner) first, then in
+the package's ``tables/``. A device-specific file beats an architecture file. A GPU with no table
+gets :func:`fallback_rules`, which are correct everywhere and good on most GPUs.
+
+The config ids a table names must be compiled into this build (``gemvx.configs()``); a table
+naming any other id, or a config of the wrong layout, is rejected at load with ValueError.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from ._core import DTYPE_CODES, config_by_id
+
+FORMAT = 1
+LAYOUTS = ("N", "T")
+PACKAGE_TABLES = Path(__file__).with_name("tables")
+
+# Fallback rule constants: threads a Hopper/Ampere SM keeps resident, and how many waves of
+# blocks we want before splitting K is worth a second pass.
+_RESIDENT_THREADS = 2048
+
+
+class Table:
+    """A loaded, validated table."""
+
+    def __init__(self, path: Path, arch: str, device: str | None, entries: list[dict[str, Any]]):
+        self.path, self.arch, self.device = path, arch, device
+        self._by_key: dict[tuple[str, str], list[tuple[tuple[float, float, float], int, int]]] = {}
+        for e in entries:
+            key = (e["dtype"], e["layout"])
+            point = (math.log2(e["batch"]), math.log2(e["M"]), math.log2(e["K"]))
+            self._by_key.setdefault(key, []).append((point, e["config"], e["splits"]))
+
+    def lookup(self, dtype: str, layout: str, batch: int, M: int, K: int) -> tuple[int, int] | None:
+        cands = self._by_key.get((dtype, layout))
+        if not cands:
+            return None
+        q = (math.log2(max(batch, 1)), math.log2(max(M, 1)), math.log2(max(K, 1)))
+        best = min(cands, key=lambda c: sum((a - b) ** 2 for a, b in zip(c[0], q)))
+        return best[1], best[2]
+
+
+def load_table(path: str | os.PathLike) -> Table:
+    """Read and validate one table file; ValueError says which entry is wrong and why."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"gemvx: cannot read table {path}: {exc}") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise ValueError(f"gemvx: table {path}: expected a JSON object with \"format\": {FORMAT}")
+    arch = data.get("arch")
+    if not isinstance(arch, str) or not arch.startswith("sm_"):
+        raise ValueError(f"gemvx: table {path}: \"arch\" must be a string like \"sm_90\"; got {arch!r}")
+    device = data.get("device")
+    entries = data.get("entries")
+    if not isinstance(entries, list):
+        raise ValueError(f"gemvx: table {path}: \"entries\" must be a list")
+    compiled = config_by_id()
+    for i, e in enumerate(entries):
+        where = f"gemvx: table {path}, entry {i}"
+        if not isinstance(e, dict):
+            raise ValueError(f"{where}: expected an object; got {e!r}")
+        missing = {"dtype", "layout", "batch", "M", "K", "config", "splits"} - set(e)
+        if missing:
+            raise ValueError(f"{where}: missing field(s) {sorted(missing)}")
+        if e["dtype"] not in DTYPE_CODES:
+            raise ValueError(f"{where}: dtype {e['dtype']!r} is not one of {list(DTYPE_CODES)}")
+        if e["layout"] not in LAYOUTS:
+            raise ValueError(f"{where}: layout {e['layout']!r} is not one of {list(LAYOUTS)}")
+        for f in ("batch", "M", "K", "splits"):
+            if not isinstance(e[f], int) or e[f] < 1:
+                raise ValueError(f"{where}: {f} must be a positive integer; got {e[f]!r}")
+        cfg = compiled.get(e["config"])
+        if cfg is None:
+            raise ValueError(
+                f"{where}: config {e['config']!r} is not compiled into this build; "
+                f"compiled configs are {sorted(compiled)}"
+            )
+        if cfg["layout"] != e["layout"]:
+            raise ValueError(
+                f"{where}: config {e['config']} is a layout-{cfg['layout']} config, "
+                f"but the entry is for layout {e['layout']}"
+            )
+    return Table(path, arch, device, entries)
+
+
+def _search_dirs() -> list[Path]:
+    dirs = []
+    user = os.environ.get("GEMVX_TABLE_DIR")
+    if user:
+        dirs.append(Path(user))
+    dirs.append(PACKAGE_TABLES)
+    return dirs
+
+
+@functools.lru_cache(maxsize=None)
+def table_for(arch: str, device_name: str | None) -> Table | None:
+    """The table for a GPU: device-specific file first, then the architecture's, else None."""
+    arch_match = None
+    for d in _search_dirs():
+        if not d.is_dir():
+            continue
+        for f in sorted(d.glob("*.json")):
+            t = load_table(f)
+            if t.arch != arch:
+                continue
+            if t.device is not None and t.device == device_name:
+                return t
+            if t.device is None and arch_match is None:
+                arch_match = t
+    return arch_match
+
+
+def fallback_rules(layout: str, dtype: str, batch: int, M: int, K: int, sm_count: int) -> tuple[int, int]:
+    """Config and splits when no table covers the GPU: correct for every size, good on most.
+
+    Row-major (N): lanes per row grow with K so each lane has a few 16-byte loads per row; the
+    multi-vector configs take batches of vectors. Transposed (T): 32 threads span 16 bytes of
+    columns each and 8 slices split K. Either way, when the row (or column) blocks cannot fill
+    the GPU with resident threads, K is split so that they can (fixed-order second pass).
+    """
+    vw = 16 // (4 if dtype == "float32" else 2)
+    cfgs = config_by_id()
+    if layout == "N":
+        chunks = max(K // vw, 1)
+        if batch > 4:
+            cid = 13
+        elif batch > 1:
+            cid = 12 if chunks >= 64 else 11
+        elif chunks <= 8:
+            cid = 0
+        elif chunks <= 32:
+            cid = 1
+        elif chunks <= 128:
+            cid = 3
+        else:
+            cid = 4
+        c = cfgs[cid]
+        rows_per_block = c["threads"] // c["p1"] * c["p2"]
+        blocks = math.ceil(M / rows_per_block) * math.ceil(batch / c["max_vectors"])
+        k_units = chunks
+        unit_per_split = c["p1"] * c["unroll"]
+    else:
+        cid = 26 if batch > 4 else 25 if batch > 1 else 20
+        c = cfgs[cid]
+        blocks = math.ceil(math.ceil(M / vw) / c["p1"]) * math.ceil(batch / c["max_vectors"])
+        k_units = K
+        unit_per_split = (c["threads"] // c["p1"]) * c["unroll"]
+    want = sm_count * _RESIDENT_THREADS // c["threads"]
+    splits = 1
+    if blocks < want:
+        splits = min(math.ceil(want / blocks), max(k_units // (2 * unit_per_split), 1), 64)
+    return cid, max(splits, 1)
+
+
+def select(arch: str, device_name: str | None, sm_count: int, dtype: str, layout: str,
+           batch: int, M: int, K: int) -> tuple[int, int]:
+    """(config id, splits) for a problem on a GPU: the table's nearest point, else the rules."""
+    return _select_cached(arch, device_name, sm_count, dtype, layout, batch, M, K)
+
+
+@functools.lru_cache(maxsize=4096)
+def _select_cached(arch, device_name, sm_count, dtype, layout, batch, M, K):
+    t = table_for(arch, device_name)
+    hit = t.lookup(dtype, layout, batch, M, K) if t is not None else None
+    if hit is not None:
+        return hit
+    return fallback_rules(layout, dtype, batch, M, K, sm_count)
+
+
+def resolve_config(config: Any, layout: str) -> tuple[int, int]:
+    """Validate an explicit ``config=`` (an id, or an (id, splits) pair) for a kernel layout."""
+    compiled = config_by_id()
+    valid = sorted(i for i, c in compiled.items() if c["layout"] == layout)
+    if isinstance(config, tuple) and len(config) == 2:
+        cid, splits = config
+    else:
+        cid, splits = config, 1
+    if isinstance(cid, bool) or not isinstance(cid, int) or cid not in compiled:
+        raise ValueError(
+            f"gemvx: config {config!r} is not a compiled config; valid configs for layout "
+            f"{layout} are {valid} (see gemvx.configs())"
+        )
+    if compiled[cid]["layout"] != layout:
+        raise ValueError(
+            f"gemvx: config {cid} is a layout-{compiled[cid]['layout']} config but this call runs "
+            f"layout {layout}; valid configs for layout {layout} are {valid}"
+        )
+    if isinstance(splits, bool) or not isinstance(splits, int) or splits < 1:
+        raise ValueError(f"gemvx: config splits must be a positive integer; got {splits!r}")
+    return cid, splits

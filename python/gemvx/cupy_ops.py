@@ -1,0 +1,101 @@
+"""The CuPy door: ``cupy_gemv``. Checks arguments, picks the config, launches on CuPy's stream."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from . import _table
+from ._core import _ext, device_properties, raise_for_status
+from ._plan import check_call, kernel_layout, prepare
+
+_KDL_CUDA = (2, 13)  # DLPack device types: CUDA, CUDA managed
+
+
+def _cupy():
+    try:
+        import cupy
+    except ImportError as exc:
+        raise ImportError("gemvx.cupy_gemv needs CuPy (pip install cupy-cuda13x)") from exc
+    return cupy
+
+
+def _as_device_array(cp: Any, a: Any, name: str) -> Any:
+    """Accept what CuPy accepts as a device array; host arrays are a ValueError."""
+    if isinstance(a, cp.ndarray):
+        return a
+    if isinstance(a, np.ndarray):
+        raise ValueError(f"gemvx: {name} is a host (NumPy) array; expected a CUDA device array")
+    if hasattr(a, "__cuda_array_interface__"):
+        return cp.asarray(a)
+    if hasattr(a, "__dlpack__"):
+        dev = a.__dlpack_device__() if hasattr(a, "__dlpack_device__") else None
+        if dev is not None and int(dev[0]) not in _KDL_CUDA:
+            raise ValueError(f"gemvx: {name} lives on a host device (DLPack device {tuple(dev)}); expected a CUDA device array")
+        return cp.from_dlpack(a)
+    raise TypeError(f"gemvx: {name} must be a CUDA array (cupy.ndarray, __cuda_array_interface__ or DLPack); got {type(a).__name__}")
+
+
+def cupy_gemv(W: Any, x: Any, out: Any = None, *, alpha: float = 1.0, beta: float = 0.0,
+              transpose: bool = False, config: int | tuple[int, int] | None = None) -> Any:
+    """``y = alpha * op(W) @ x + beta * out`` on the GPU through CuPy.
+
+    Parameters
+    ----------
+    W : array (..., M, K), or (..., K, M) with ``transpose=True``
+        float32, float16 or bfloat16. C-contiguous (or row-strided) W runs as stored; an
+        F-contiguous W (or a ``.T`` view) runs through the other layout with no copy; other
+        strides are copied once to C order.
+    x : array (..., K), same dtype as W
+        Leading dims broadcast against W's batch dims (like ``numpy.matvec``). A batch of vectors
+        against one W is served by the multi-vector kernels (W read once per 16 vectors).
+    out : array (..., M), optional
+        Result array: C-contiguous, the result's shape and dtype. With ``beta != 0`` it is read as
+        y_in and updated in place.
+    alpha, beta : float
+        Scalars; with ``beta == 0`` the old contents of ``out`` are never read (NaN does not leak).
+    transpose : bool
+        False: y = W x with W (M, K). True: y = W^T x with W stored (K, M) (``x @ W``).
+    config : int or (int, int), optional
+        A compiled config id (``gemvx.configs()``), or ``(id, splits)`` for split-K. None lets
+        the table decide.
+
+    Returns
+    -------
+    array (..., M) of W's dtype, on W's device; ``out`` when given.
+
+    Runs on ``cupy.cuda.get_current_stream()`` of the arrays' device. Raises TypeError for
+    dtypes, ValueError for shapes, devices, ``out`` and ``config``; nothing is launched then.
+    """
+    cp = _cupy()
+    W = _as_device_array(cp, W, "W")
+    x = _as_device_array(cp, x, "x")
+    if out is not None:
+        if not isinstance(out, cp.ndarray):
+            raise ValueError(f"gemvx: out must be a cupy.ndarray; got {type(out).__name__}")
+    dtype, plan, alpha_f, beta_f = check_call(W, x, out, alpha, beta, transpose)
+    dev = W.device.id
+    for name, a in (("x", x), ("out", out)):
+        if a is not None and a.device.id != dev:
+            raise ValueError(f"gemvx: {name} is on device {a.device.id} but W is on device {dev}")
+    if config is not None:
+        config = _table.resolve_config(config, kernel_layout(W, bool(transpose)))
+    with cp.cuda.Device(dev):
+        if plan.empty:
+            return out if out is not None else cp.empty(plan.out_shape, dtype=W.dtype)
+        prep = prepare(cp, W, x, out, alpha_f, beta_f, bool(transpose), plan, dtype)
+        if config is None:
+            props = device_properties(dev)
+            cid, splits = _table.select(
+                f"sm_{props['major']}{props['minor']}", props["name"], props["sm_count"],
+                dtype, prep.layout, plan.nvec, plan.M, plan.K)
+        else:
+            cid, splits = config
+        ws_bytes = _ext.workspace_bytes(prep.problem, cid, splits)
+        ws = cp.empty(ws_bytes, dtype=cp.uint8) if ws_bytes else None
+        stream = cp.cuda.get_current_stream()
+        status = _ext.launch(prep.problem, cid, splits, ws.data.ptr if ws is not None else 0,
+                             ws_bytes, stream.ptr)
+        raise_for_status(status, "cupy_gemv")
+        return prep.finish()

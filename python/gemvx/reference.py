@@ -1,0 +1,32 @@
+"""The C++ CPU reference behind a NumPy door: ``gemv_reference``.
+
+Same semantics and checks as the GPU doors, on host arrays. bfloat16 needs ``ml_dtypes``.
+It is what the tests compare the kernels' planning against and what JAX's CPU target runs.
+"""
+
+from __future__ import annotations
+
+
+import numpy as np
+
+from ._core import raise_for_status, _ext
+from ._plan import check_call, prepare
+
+
+def gemv_reference(W: np.ndarray, x: np.ndarray, out: np.ndarray | None = None, *,
+                   alpha: float = 1.0, beta: float = 0.0, transpose: bool = False) -> np.ndarray:
+    """``alpha * op(W) @ x + beta * out`` on the CPU (double accumulation), NumPy in and out.
+
+    Shapes, dtypes and the meaning of every argument are those of :func:`gemvx.cupy_gemv`.
+    """
+    for name, a in (("W", W), ("x", x), ("out", out)):
+        if a is not None and not isinstance(a, np.ndarray):
+            raise TypeError(f"gemvx: {name} must be a numpy.ndarray; got {type(a).__name__}")
+    dtype, plan, alpha_f, beta_f = check_call(W, x, out, alpha, beta, transpose)
+    if plan.empty:
+        return out if out is not None else np.empty(plan.out_shape, dtype=W.dtype)
+    prep = prepare(np, W, x, out, alpha_f, beta_f, bool(transpose), plan, dtype)
+    raise_for_status(_ext.reference(prep.problem), "gemv_reference")
+    return prep.finish()
+
+
