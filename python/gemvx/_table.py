@@ -3,9 +3,9 @@
 Tables are JSON files, one per GPU (``tables/sm_90.json`` for an architecture, optionally with a
 ``device`` name such as ``"NVIDIA H200"`` for one card). Each entry is a measured point
 ``(dtype, layout, batch, M, K) -> (config, splits)``. A lookup takes the entries of the same
-layout and dtype and picks the nearest point in log2 space over (batch, M, K): GEMV cost is
-smooth in the logarithm of the sizes, so the nearest tuned shape is a good proxy. Lookups are
-cached.
+layout and dtype, the batch bucket that covers the call (see :class:`Table`), and picks the
+nearest (M, K) point in log2 space: GEMV cost is smooth in the logarithm of the sizes, so the
+nearest tuned shape is a good proxy. Lookups are cached.
 
 Files are searched in ``$GEMVX_TABLE_DIR`` (user tables, e.g. written by a tuner) first, then in
 the package's ``tables/``. A device-specific file beats an architecture file. A GPU with no table
@@ -36,22 +36,30 @@ _RESIDENT_THREADS = 2048
 
 
 class Table:
-    """A loaded, validated table."""
+    """A loaded, validated table.
+
+    Lookup: the batch is a bucket, not a distance: a call with ``batch`` vectors uses the entries
+    of the smallest tabulated batch >= batch (the largest one beyond the table), because a
+    multi-vector config sized for that batch reads W once where a smaller one would read it
+    several times. Within the bucket the nearest (M, K) point in log2 space wins.
+    """
 
     def __init__(self, path: Path, arch: str, device: str | None, entries: list[dict[str, Any]]):
         self.path, self.arch, self.device = path, arch, device
-        self._by_key: dict[tuple[str, str], list[tuple[tuple[float, float, float], int, int]]] = {}
+        self._by_key: dict[tuple[str, str, int], list[tuple[tuple[float, float], int, int]]] = {}
         for e in entries:
-            key = (e["dtype"], e["layout"])
-            point = (math.log2(e["batch"]), math.log2(e["M"]), math.log2(e["K"]))
+            key = (e["dtype"], e["layout"], e["batch"])
+            point = (math.log2(e["M"]), math.log2(e["K"]))
             self._by_key.setdefault(key, []).append((point, e["config"], e["splits"]))
 
     def lookup(self, dtype: str, layout: str, batch: int, M: int, K: int) -> tuple[int, int] | None:
-        cands = self._by_key.get((dtype, layout))
-        if not cands:
+        batches = sorted(b for (d, lay, b) in self._by_key if d == dtype and lay == layout)
+        if not batches:
             return None
-        q = (math.log2(max(batch, 1)), math.log2(max(M, 1)), math.log2(max(K, 1)))
-        best = min(cands, key=lambda c: sum((a - b) ** 2 for a, b in zip(c[0], q)))
+        bucket = next((b for b in batches if b >= batch), batches[-1])
+        q = (math.log2(max(M, 1)), math.log2(max(K, 1)))
+        cands = self._by_key[(dtype, layout, bucket)]
+        best = min(cands, key=lambda c: (c[0][0] - q[0]) ** 2 + (c[0][1] - q[1]) ** 2)
         return best[1], best[2]
 
 
@@ -130,10 +138,14 @@ def table_for(arch: str, device_name: str | None) -> Table | None:
 def fallback_rules(layout: str, dtype: str, batch: int, M: int, K: int, sm_count: int) -> tuple[int, int]:
     """Config and splits when no table covers the GPU: correct for every size, good on most.
 
-    Row-major (N): lanes per row grow with K so each lane has a few 16-byte loads per row; the
-    multi-vector configs take batches of vectors. Transposed (T): 32 threads span 16 bytes of
-    columns each and 8 slices split K. Either way, when the row (or column) blocks cannot fill
-    the GPU with resident threads, K is split so that they can (fixed-order second pass).
+    Row-major (N), from sweeps on sm_90: short rows (K up to 1024 16-byte chunks per 8 lanes)
+    want 8-16 lanes per row so each lane still has several loads; long rows want 32 lanes per
+    row while that leaves >= 3 blocks per SM, else 128 lanes (two rows per block), else 256
+    lanes and split-K. Batches of vectors take the multi-vector configs. Transposed (T): 32
+    threads span 16 bytes of columns each and the other threads of the block split K: 8 threads
+    across M (32-way K split inside the block) while M is narrow, 32 once it is wide.
+    Either way, when the blocks cannot fill the GPU with resident threads, K is split (fixed-
+    order second pass) as far as every split keeps one full unrolled step per lane.
     """
     vw = 16 // (4 if dtype == "float32" else 2)
     cfgs = config_by_id()
@@ -143,21 +155,26 @@ def fallback_rules(layout: str, dtype: str, batch: int, M: int, K: int, sm_count
             cid = 13
         elif batch > 1:
             cid = 12 if chunks >= 64 else 11
-        elif chunks <= 8:
-            cid = 0
+        elif chunks <= 16:
+            cid = 2
         elif chunks <= 32:
             cid = 1
         elif chunks <= 128:
             cid = 3
-        else:
+        elif M // 8 >= 3 * sm_count and chunks <= 1024:
             cid = 4
+        elif M // 2 >= sm_count:
+            cid = 9
+        else:
+            cid = 10
         c = cfgs[cid]
         rows_per_block = c["threads"] // c["p1"] * c["p2"]
         blocks = math.ceil(M / rows_per_block) * math.ceil(batch / c["max_vectors"])
         k_units = chunks
         unit_per_split = c["p1"] * c["unroll"]
     else:
-        cid = 26 if batch > 4 else 25 if batch > 1 else 20
+        m_chunks = math.ceil(M / vw)
+        cid = 26 if batch > 4 else 25 if batch > 1 else 28 if m_chunks < 1024 else 22
         c = cfgs[cid]
         blocks = math.ceil(math.ceil(M / vw) / c["p1"]) * math.ceil(batch / c["max_vectors"])
         k_units = K
@@ -165,7 +182,7 @@ def fallback_rules(layout: str, dtype: str, batch: int, M: int, K: int, sm_count
     want = sm_count * _RESIDENT_THREADS // c["threads"]
     splits = 1
     if blocks < want:
-        splits = min(math.ceil(want / blocks), max(k_units // (2 * unit_per_split), 1), 64)
+        splits = min(math.ceil(want / blocks), max(k_units // unit_per_split, 1), 128)
     return cid, max(splits, 1)
 
 

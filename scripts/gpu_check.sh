@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Build + GPU tests + compute-sanitizer + quick benchmark, in one run on the GPU machine.
+#   bash scripts/gpu_check.sh [OUT_DIR]      (default: $OUT, else ./gpu_check_out)
+# Builds for sm_90 only (GEMVX_CUDA_ARCHS overrides) with the machine's own python3 packages.
+# Writes build.log, gpu_tests.log, memcheck.log, racecheck.log, bench.log, bench.json to OUT_DIR.
+# Exit status is non-zero if any step failed.
+set -uo pipefail
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+OUTDIR=${1:-${OUT:-$REPO/gpu_check_out}}
+mkdir -p "$OUTDIR"
+PY=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1
+fail=0
+step() { echo "== $1"; }
+
+step "build (GEMVX_CUDA_ARCHS=${GEMVX_CUDA_ARCHS:-90})"
+if ! (cd "$REPO" && GEMVX_CUDA_ARCHS=${GEMVX_CUDA_ARCHS:-90} $PY -m pip install --no-build-isolation --no-deps . >"$OUTDIR/build.log" 2>&1); then
+  tail -40 "$OUTDIR/build.log"; exit 1
+fi
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$OUTDIR/build.log"
+
+# Run from outside the checkout so the installed package is what gets imported.
+cd /tmp || exit 1
+step "GPU tests"
+$PY -m pytest -q -p no:cacheprovider -rs "$REPO/tests" 2>&1 | tee "$OUTDIR/gpu_tests.log" | tail -15 || fail=1
+
+step "compute-sanitizer memcheck"
+compute-sanitizer --tool memcheck --error-exitcode 99 $PY "$REPO/scripts/sanitize_cases.py" >"$OUTDIR/memcheck.log" 2>&1 || fail=1
+tail -3 "$OUTDIR/memcheck.log"
+step "compute-sanitizer racecheck"
+compute-sanitizer --tool racecheck --error-exitcode 99 $PY "$REPO/scripts/sanitize_cases.py" >"$OUTDIR/racecheck.log" 2>&1 || fail=1
+tail -3 "$OUTDIR/racecheck.log"
+
+step "quick benchmark"
+$PY "$REPO/benchmarks/bench.py" --quick --json "$OUTDIR/bench.json" 2>&1 | tee "$OUTDIR/bench.log" | tail -30 || fail=1
+exit $fail

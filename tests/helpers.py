@@ -1,0 +1,318 @@
+"""Shared helpers for the gemvx tests: dtypes, random inputs, views, the float64 reference and
+the error measure every comparison goes through.
+
+Nothing here imports CuPy: the view builders take the array module (``numpy`` or ``cupy``) as an
+argument, so the CPU and GPU suites build exactly the same strided views of the same host data.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any, Callable
+
+import numpy as np
+import pytest
+
+try:
+    import ml_dtypes
+
+    BFLOAT16: np.dtype | None = np.dtype(ml_dtypes.bfloat16)
+except ImportError:  # pragma: no cover - ml_dtypes is a test dependency
+    BFLOAT16 = None
+
+DTYPES = ("float32", "float16", "bfloat16")
+
+# Relative-norm error allowed against the float64 reference, by dtype. float16/bfloat16 are
+# dominated by the rounding of the output (unit roundoff 2^-11 and 2^-8; the norm-wise error of a
+# correctly rounded result is about half of that), float32 by fp32 accumulation. A kernel that
+# drops one term of a dot product, one row, or accumulates in the storage type fails these (see
+# test_cpu.py::test_error_measure_catches_wrong_results).
+TOL = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1.6e-2}
+
+# Unit roundoff of fp32: accumulation error grows like sqrt(K) for random data.
+U32 = 2.0**-24
+
+
+def np_dtype(name: str) -> np.dtype:
+    """The NumPy dtype for a dtype name; skips the test when bfloat16 needs a missing ml_dtypes."""
+    if name == "bfloat16":
+        if BFLOAT16 is None:
+            pytest.skip("bfloat16 needs ml_dtypes, which is not installed")
+        return BFLOAT16
+    return np.dtype(name)
+
+
+def tolerance(dtype: str, K: int) -> float:
+    """Allowed relative-norm error for a result of ``dtype`` with reduction length K."""
+    return TOL[dtype] + 4.0 * U32 * math.sqrt(max(K, 1))
+
+
+def random_array(rng: np.random.Generator, shape: tuple[int, ...], dtype: str | np.dtype) -> np.ndarray:
+    """Standard-normal values in ``dtype`` with no exact zeros (0 * Inf would hide propagation)."""
+    a = rng.standard_normal(shape, dtype=np.float32).astype(np_dtype(dtype) if isinstance(dtype, str) else dtype)
+    a[a == 0] = 1
+    return a
+
+
+def poisoned(shape: tuple[int, ...], dtype: str | np.dtype) -> np.ndarray:
+    """An output buffer full of NaN: any element a kernel fails to write shows up."""
+    dt = np_dtype(dtype) if isinstance(dtype, str) else dtype
+    return np.full(shape, np.nan, dtype=np.float32).astype(dt)
+
+
+def stored_shape(M: int, K: int, transpose: bool) -> tuple[int, int]:
+    """Shape W is stored in: (M, K), or (K, M) with ``transpose=True``."""
+    return (K, M) if transpose else (M, K)
+
+
+# ---- float64 reference and the error measure ----------------------------------------------------
+
+def _matvec(W64: np.ndarray, x64: np.ndarray) -> np.ndarray:
+    if hasattr(np, "matvec"):
+        return np.matvec(W64, x64)
+    return np.matmul(W64, x64[..., None])[..., 0]
+
+
+def _as64(a: Any) -> np.ndarray:
+    return np.asarray(a).astype(np.float64)
+
+
+def ref_gemv(W: np.ndarray, x: np.ndarray, alpha: float = 1.0, beta: float = 0.0,
+             y_in: np.ndarray | None = None, transpose: bool = False) -> np.ndarray:
+    """``alpha * op(W) @ x + beta * y_in`` in float64 (y_in is not read when beta == 0)."""
+    W64 = _as64(W)
+    if transpose:
+        W64 = np.swapaxes(W64, -1, -2)
+    with np.errstate(invalid="ignore", over="ignore"):  # Inf - Inf is meant to give NaN
+        y = alpha * _matvec(W64, _as64(x))
+        if beta != 0.0:
+            y = y + beta * _as64(y_in)
+    return y
+
+
+def ref_magnitude(W: np.ndarray, x: np.ndarray, alpha: float = 1.0, beta: float = 0.0,
+                  y_in: np.ndarray | None = None, transpose: bool = False) -> np.ndarray:
+    """``|alpha| |op(W)| @ |x| + |beta| |y_in|``: the scale that rounding errors are relative to."""
+    W64 = np.abs(_as64(W))
+    if transpose:
+        W64 = np.swapaxes(W64, -1, -2)
+    with np.errstate(invalid="ignore", over="ignore"):
+        y = abs(alpha) * _matvec(W64, np.abs(_as64(x)))
+        if beta != 0.0:
+            y = y + abs(beta) * np.abs(_as64(y_in))
+    return y
+
+
+def nonfinite_mismatch(got: np.ndarray, ref: np.ndarray) -> str | None:
+    """Where ``got`` and ``ref`` disagree on NaN / +Inf / -Inf, as a message; None if they agree."""
+    g, r = _as64(got), _as64(ref)
+    for name, pred in (("NaN", np.isnan), ("+Inf", np.isposinf), ("-Inf", np.isneginf)):
+        bad = pred(g) != pred(r)
+        if bad.any():
+            idx = tuple(int(i) for i in np.argwhere(bad)[0])
+            return (f"{int(bad.sum())} element(s) disagree on {name}, first at {idx}: "
+                    f"got {g[idx]!r}, reference {r[idx]!r}")
+    return None
+
+
+def rel_err(got: np.ndarray, ref: np.ndarray, mag: np.ndarray | None = None, K: int = 1) -> float:
+    """Relative-norm error of ``got`` against a float64 reference.
+
+    Returns ``inf`` when the NaN/Inf pattern differs (a NaN in ``got`` where the reference has
+    none fails). The norm is taken over the finite entries of the reference. With ``mag`` (see
+    :func:`ref_magnitude`) the denominator is floored at ``|mag| / (8 sqrt(K))``, so a tiny result
+    from cancellation (M = 1, small K) is not held to a relative error it cannot have; for
+    random data of any useful size the floor is far below ``|ref|`` and changes nothing.
+    """
+    g, r = _as64(got), _as64(ref)
+    assert g.shape == r.shape, f"shape {g.shape} != reference shape {r.shape}"
+    if nonfinite_mismatch(g, r) is not None:
+        return math.inf
+    fin = np.isfinite(r)
+    num = float(np.linalg.norm(g[fin] - r[fin]))
+    den = float(np.linalg.norm(r[fin]))
+    if mag is not None:
+        den = max(den, float(np.linalg.norm(_as64(mag)[fin])) / (8.0 * math.sqrt(max(K, 1))))
+    return num / den if den > 0 else num
+
+
+def assert_gemv_close(got: Any, W: np.ndarray, x: np.ndarray, *, alpha: float = 1.0,
+                      beta: float = 0.0, y_in: np.ndarray | None = None,
+                      transpose: bool = False) -> None:
+    """Check a result (host array) against the float64 reference of the same host inputs."""
+    got = np.asarray(got)
+    dtype = np.dtype(W.dtype).name
+    assert got.dtype == W.dtype, f"result dtype {got.dtype}, expected {W.dtype}"
+    ref = ref_gemv(W, x, alpha, beta, y_in, transpose)
+    assert got.shape == ref.shape, f"result shape {got.shape}, expected {ref.shape}"
+    if got.size == 0:
+        return
+    mismatch = nonfinite_mismatch(got, ref)
+    assert mismatch is None, mismatch
+    K = int(x.shape[-1])
+    mag = ref_magnitude(W, x, alpha, beta, y_in, transpose)
+    err, tol = rel_err(got, ref, mag, K), tolerance(dtype, K)
+    assert err <= tol, f"relative error {err:.3e} > tolerance {tol:.3e} ({dtype}, K={K})"
+
+
+# ---- views: the same strided view of host and device data -----------------------------------
+
+# A view kind builds (base array shape, function base -> view) for a stored matrix shape. The
+# function only slices, reshapes and swaps axes, so it works on numpy and cupy arrays alike.
+ViewFn = Callable[[Any], Any]
+
+
+def _round_up(n: int, m: int) -> int:
+    return (n + m - 1) // m * m
+
+
+def matrix_view(kind: str, shape: tuple[int, ...]) -> tuple[tuple[int, ...], ViewFn]:
+    """(base shape, view function) giving a W of ``shape`` (the stored shape) laid out as ``kind``.
+
+    c            C-contiguous
+    f            last two axes swapped (F-contiguous for 2-D): a ``.T`` view, the other layout
+    row_offset   rows start one element into a wider base: ``base[..., 1:C+1]`` (odd ldw)
+    flat_offset  contiguous but starting one element into the allocation (misaligned pointer)
+    padded       rows of an aligned base with ldw a multiple of 8 elements: ``base[..., :C]``
+    strided      every other column (not row- or column-major: copied)
+    reversed     rows in reverse order (negative stride: copied)
+    """
+    *batch, R, C = shape
+    batch = tuple(batch)
+    if kind == "c":
+        return shape, lambda b: b
+    if kind == "f":
+        return batch + (C, R), lambda b: b.swapaxes(-1, -2)
+    if kind == "row_offset":
+        return batch + (R, C + 1), lambda b: b[..., 1:C + 1]
+    if kind == "flat_offset":
+        n = math.prod(shape)
+        return (n + 1,), lambda b: b[1:].reshape(shape)
+    if kind == "padded":
+        return batch + (R, _round_up(C, 8) + 8), lambda b: b[..., :C]
+    if kind == "strided":
+        return batch + (R, 2 * C), lambda b: b[..., ::2]
+    if kind == "reversed":
+        return shape, lambda b: b[..., ::-1, :]
+    raise ValueError(kind)
+
+
+MATRIX_VIEWS = ("c", "f", "row_offset", "flat_offset", "padded", "strided", "reversed")
+
+
+def vector_view(kind: str, shape: tuple[int, ...]) -> tuple[tuple[int, ...], ViewFn]:
+    """(base shape, view function) for x of ``shape`` (..., K).
+
+    c        contiguous
+    offset   starts one element in: ``base[..., 1:K+1]``
+    strided  every other element (copied)
+    padded   rows of a base whose row length is a multiple of 8 elements
+    """
+    *batch, K = shape
+    batch = tuple(batch)
+    if kind == "c":
+        return shape, lambda b: b
+    if kind == "offset":
+        return batch + (K + 1,), lambda b: b[..., 1:K + 1]
+    if kind == "strided":
+        return batch + (2 * K,), lambda b: b[..., ::2]
+    if kind == "padded":
+        return batch + (_round_up(K, 8) + 8,), lambda b: b[..., :K]
+    raise ValueError(kind)
+
+
+def grid_shapes() -> list[tuple[int, int]]:
+    """(M, K) pairs: every value of VALUES in either position, each with a few partners."""
+    values = (1, 2, 3, 7, 31, 127, 1000, 4097, 65537)
+    shapes: list[tuple[int, int]] = []
+    for v in values:
+        partners = (1, 3, 31, 1000) if v <= 4097 else (1, 3, 31)
+        for p in partners:
+            for s in ((v, p), (p, v)):
+                if s not in shapes:
+                    shapes.append(s)
+    return shapes
+
+
+# ---- bad calls: every door must refuse these before touching out ------------------------------
+
+# (name, W, x, out, keyword arguments, exception type, regex the message must match)
+BadCase = tuple[str, Any, Any, Any, dict[str, Any], type[Exception], str]
+
+
+def bad_call_cases(put: Callable[[np.ndarray], Any] = lambda a: a) -> list[BadCase]:
+    """Calls with one bad argument each. ``put`` moves a host array to the door's memory
+    (identity for the NumPy door, ``cupy.asarray`` for CuPy); views are taken after it."""
+    M, K = 4, 5
+    W = (np.arange(M * K, dtype=np.float32).reshape(M, K) / 7 + 1)
+    x = np.linspace(1, 2, K, dtype=np.float32)
+
+    def out(shape: tuple[int, ...] = (M,), dtype: Any = np.float32) -> Any:
+        return put(poisoned(shape, np.dtype(dtype)))
+
+    Wp, xp = put(W), put(x)
+    cases: list[BadCase] = [
+        ("W_int32", put(W.astype(np.int32)), xp, out(), {}, TypeError, r"\bW\b.*int32"),
+        ("W_float64", put(W.astype(np.float64)), xp, out(), {}, TypeError, r"\bW\b.*float64"),
+        ("W_complex64", put(W.astype(np.complex64)), xp, out(), {}, TypeError, r"\bW\b.*complex64"),
+        ("x_int64", Wp, put(x.astype(np.int64)), out(), {}, TypeError, r"\bx\b.*int64"),
+        ("x_float64", Wp, put(x.astype(np.float64)), out(), {}, TypeError, r"\bx\b.*float64"),
+        ("W_x_mixed", Wp, put(x.astype(np.float16)), out(), {}, TypeError, r"W and x"),
+        ("W_1d", put(W[0]), xp, out(), {}, ValueError, r"\bW\b"),
+        ("x_0d", Wp, put(np.array(x[0])), out(), {}, ValueError, r"\bx\b"),
+        ("K_mismatch", Wp, put(x[:-1]), out(), {}, ValueError, r"\bx\b.*K=5"),
+        ("K_mismatch_transposed", Wp, xp, out((K,)), {"transpose": True}, ValueError, r"\bx\b.*K=4"),
+        ("batch_mismatch", put(np.stack([W, W])), put(np.stack([x, x, x])), None, {}, ValueError,
+         "batch"),
+        ("out_shape", Wp, xp, out((M + 1,)), {}, ValueError, r"\bout\b.*shape"),
+        ("out_shape_extra_dim", Wp, xp, out((1, M)), {}, ValueError, r"\bout\b.*shape"),
+        ("out_dtype", Wp, xp, out(dtype=np.float16), {}, ValueError, r"\bout\b.*dtype"),
+        ("out_noncontiguous", Wp, xp, out((2 * M,))[::2], {}, ValueError, r"\bout\b.*contiguous"),
+        ("out_fortran", Wp, put(np.stack([x, x, x])), out((M, 3)).T, {}, ValueError,
+         r"\bout\b.*contiguous"),
+        ("beta_without_out", Wp, xp, None, {"beta": 0.5}, ValueError, r"\bout\b"),
+        ("alpha_str", Wp, xp, out(), {"alpha": "2"}, TypeError, r"\balpha\b"),
+        ("alpha_complex", Wp, xp, out(), {"alpha": 1j}, TypeError, r"\balpha\b"),
+        ("alpha_none", Wp, xp, out(), {"alpha": None}, TypeError, r"\balpha\b"),
+        ("beta_bool", Wp, xp, out(), {"beta": True}, TypeError, r"\bbeta\b"),
+        ("transpose_int", Wp, xp, out(), {"transpose": 1}, TypeError, r"\btranspose\b"),
+        ("transpose_str", Wp, xp, out(), {"transpose": "T"}, TypeError, r"\btranspose\b"),
+        ("W_list", W.tolist(), xp, out(), {}, TypeError, r"\bW\b"),
+    ]
+    if BFLOAT16 is not None:
+        cases.append(("W_x_mixed_bf16", put(W.astype(np.float16)), put(x.astype(BFLOAT16)), out(),
+                      {}, TypeError, r"W and x"))
+    return cases
+
+
+def cases(*axes: Any) -> list[tuple[Any, ...]]:
+    """``list(itertools.product(*axes))``: parametrize wants a collection, not an iterator."""
+    return list(itertools.product(*axes))
+
+
+def idfn(value: Any) -> str | None:
+    """Readable test ids for shape tuples: (33, 1031) -> 33x1031, () -> scalar."""
+    if isinstance(value, tuple) and all(isinstance(v, int) for v in value):
+        return "x".join(map(str, value)) if value else "scalar"
+    if isinstance(value, tuple) and all(isinstance(v, tuple) for v in value):
+        return "_".join(idfn(v) or str(v) for v in value)
+    return None
+
+
+# (W batch dims, x batch dims). Several put a vector dim (W broadcast) before a group dim (W
+# varies), so the work runs in (group, vector) order and the result is permuted back.
+BATCH_CASES = [
+    ((), (5,)),
+    ((), (2, 3)),
+    ((3,), ()),
+    ((3,), (3,)),
+    ((1, 3), (5, 3)),
+    ((4,), (2, 1)),
+    ((3, 1), (4,)),
+    ((2, 1, 3), (4, 1)),
+    ((4, 1), (2, 1, 1)),
+    ((2, 3), (3,)),
+    ((1,), (1,)),
+    ((1, 1), (6,)),
+]

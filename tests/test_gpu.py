@@ -1,0 +1,566 @@
+"""GPU tests for ``gemvx.cupy_gemv``. Every test is marked ``gpu``: without CuPy or a GPU the whole
+module is skipped (conftest.py says why); it imports without CuPy.
+
+Every launch writes into an ``out`` pre-filled with NaN (or, with beta != 0, with y_in), so an
+element a kernel fails to write fails the comparison, and every result is compared with a float64
+reference computed on the host from the very same inputs (fresh random values, never zeros).
+Views (offsets, padding, F order, ``.T``) are taken of the same base on host and device.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+
+import gemvx
+from gemvx import _plan
+from helpers import (
+    BATCH_CASES,
+    DTYPES,
+    MATRIX_VIEWS,
+    assert_gemv_close,
+    bad_call_cases,
+    cases,
+    grid_shapes,
+    idfn,
+    matrix_view,
+    np_dtype,
+    poisoned,
+    random_array,
+    ref_gemv,
+    stored_shape,
+    vector_view,
+)
+
+pytestmark = pytest.mark.gpu
+
+BOOLS = (False, True)
+CONFIGS = gemvx.configs()
+CONFIG_BY_ID = {c["id"]: c for c in CONFIGS}
+# The first plain (one-vector) config of each layout: used where any config will do.
+PLAIN = {layout: next(c["id"] for c in CONFIGS if c["layout"] == layout and c["max_vectors"] == 1)
+         for layout in ("N", "T")}
+LARGE_SHAPES = [(4096, 4096), (256, 65536), (65536, 256), (3, 2**20 + 3)]
+
+
+@pytest.fixture(scope="module")
+def cp() -> Any:
+    return pytest.importorskip("cupy")
+
+
+# ---- helpers ----------------------------------------------------------------------------------------
+
+def out_shape(W: Any, x: Any, transpose: bool) -> tuple[int, ...]:
+    M = W.shape[-1] if transpose else W.shape[-2]
+    return tuple(np.broadcast_shapes(W.shape[:-2], x.shape[:-1])) + (M,)
+
+
+def run_checked(cp: Any, W_h: np.ndarray, x_h: np.ndarray, *, W_d: Any = None, x_d: Any = None,
+                alpha: float = 1.0, beta: float = 0.0, y_in: np.ndarray | None = None,
+                transpose: bool = False, config: Any = None) -> np.ndarray:
+    """cupy_gemv into a poisoned out (or y_in when beta != 0); check identity and accuracy.
+
+    W_d / x_d default to plain copies of the host arrays; pass views of the same base to test
+    layouts. Returns the result on the host.
+    """
+    W_d = cp.asarray(W_h) if W_d is None else W_d
+    x_d = cp.asarray(x_h) if x_d is None else x_d
+    shape = out_shape(W_h, x_h, transpose)
+    out_h = y_in.copy() if beta != 0.0 else poisoned(shape, W_h.dtype)
+    out_d = cp.asarray(out_h)
+    y = gemvx.cupy_gemv(W_d, x_d, out_d, alpha=alpha, beta=beta, transpose=transpose, config=config)
+    assert y is out_d, "cupy_gemv must return the out= array itself"
+    got = cp.asnumpy(y)
+    assert_gemv_close(got, W_h, x_h, alpha=alpha, beta=beta, y_in=y_in, transpose=transpose)
+    return got
+
+
+def poison_pool(cp: Any, nbytes: int) -> None:
+    """Free a block of ``nbytes`` filled with 0xFF (NaN in all three dtypes), so CuPy's pool is
+    likely to hand it to the next allocation of that size (an unwritten result then shows)."""
+    junk = cp.full(max(nbytes, 1), 255, dtype=cp.uint8)
+    del junk
+
+
+def problem_for(cp: Any, W: Any, x: Any, out: Any, transpose: bool) -> Any:
+    """The core Problem cupy_gemv builds for these arrays (to check what a test exercises)."""
+    dtype, plan, alpha, beta = _plan.check_call(W, x, out, 1.0, 0.0, transpose)
+    return _plan.prepare(cp, W, x, out, alpha, beta, transpose, plan, dtype)
+
+
+def vector_eligible(problem: Any, itemsize: int) -> bool:
+    """Mirror of ``vector_ok`` in cc/gemvx/launch.cu: may the 16-byte body run?"""
+    def s16(stride: int, extent: int) -> bool:
+        return extent <= 1 or (stride * itemsize) % 16 == 0
+
+    rows = problem.K if problem.trans else problem.M
+    ok = problem.W % 16 == 0 and s16(problem.ldw, rows) and s16(problem.w_group, problem.groups)
+    if not problem.trans:
+        ok = ok and problem.x % 16 == 0 and s16(problem.x_vec, problem.nvec) and \
+            s16(problem.x_group, problem.groups)
+    return ok
+
+
+# ---- shapes, alpha/beta, out ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype,transpose,shape", cases(DTYPES, BOOLS, grid_shapes() + LARGE_SHAPES),
+                         ids=idfn)
+def test_shapes(cp: Any, rng: np.random.Generator, dtype: str, transpose: bool,
+                shape: tuple[int, int]) -> None:
+    M, K = shape
+    W = random_array(rng, stored_shape(M, K, transpose), dtype)
+    x = random_array(rng, (K,), dtype)
+    run_checked(cp, W, x, transpose=transpose)
+
+
+@pytest.mark.parametrize("dtype,transpose,shape", cases(
+    DTYPES, BOOLS, [(1, 1), (7, 1000), (1000, 7), (4097, 31), (31, 4097)]), ids=idfn)
+def test_out_none_allocates(cp: Any, rng: np.random.Generator, dtype: str, transpose: bool,
+                            shape: tuple[int, int]) -> None:
+    M, K = shape
+    W = random_array(rng, stored_shape(M, K, transpose), dtype)
+    x = random_array(rng, (5, K), dtype)
+    W_d, x_d = cp.asarray(W), cp.asarray(x)
+    poison_pool(cp, 5 * M * W.itemsize)
+    y = gemvx.cupy_gemv(W_d, x_d, transpose=transpose)
+    assert isinstance(y, cp.ndarray) and y.flags.c_contiguous
+    assert y.dtype == W.dtype and y.device.id == W_d.device.id
+    assert_gemv_close(cp.asnumpy(y), W, x, transpose=transpose)
+
+
+ALPHA_BETA = {
+    "alpha1_beta0": (1.0, 0.0, False),
+    "alpha0.5_beta-2": (0.5, -2.0, True),
+    "alpha1.5_beta0_nan_out": (1.5, 0.0, False),
+    "alpha-1_beta0.25": (-1.0, 0.25, True),
+}
+
+
+@pytest.mark.parametrize("dtype,transpose,shape,case", cases(
+    DTYPES, BOOLS, [(7, 31), (1000, 127), (127, 4097)], ALPHA_BETA), ids=idfn)
+def test_alpha_beta(cp: Any, rng: np.random.Generator, dtype: str, transpose: bool,
+                    shape: tuple[int, int], case: str) -> None:
+    alpha, beta, reads_out = ALPHA_BETA[case]
+    M, K = shape
+    W = random_array(rng, stored_shape(M, K, transpose), dtype)
+    x = random_array(rng, (3, K), dtype)
+    y_in = random_array(rng, (3, M), dtype) if reads_out else None
+    got = run_checked(cp, W, x, alpha=alpha, beta=beta, y_in=y_in, transpose=transpose)
+    if not reads_out:
+        assert np.isfinite(got.astype(np.float64)).all(), "NaN in out leaked with beta == 0"
+
+
+def test_beta_without_out_is_an_error(cp: Any, rng: np.random.Generator) -> None:
+    W = cp.asarray(random_array(rng, (7, 9), "float32"))
+    x = cp.asarray(random_array(rng, (9,), "float32"))
+    with pytest.raises(ValueError, match=r"\bout\b"):
+        gemvx.cupy_gemv(W, x, beta=1.0)
+
+
+# ---- batches -----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype,transpose,B,shape", cases(
+    DTYPES, BOOLS, (1, 2, 3, 4, 5, 8, 16, 17, 33), [(127, 1000), (1000, 127)]), ids=idfn)
+def test_vector_batch(cp: Any, rng: np.random.Generator, dtype: str, transpose: bool, B: int,
+                      shape: tuple[int, int]) -> None:
+    """x (B, K) against one W: the multi-vector path."""
+    M, K = shape
+    W = random_array(rng, stored_shape(M, K, transpose), dtype)
+    x = random_array(rng, (B, K), dtype)
+    run_checked(cp, W, x, transpose=transpose)
+
+
+@pytest.mark.parametrize("dtype,transpose,G,paired", cases(DTYPES, BOOLS, (2, 5), BOOLS))
+def test_matrix_batch(cp: Any, rng: np.random.Generator, dtype: str, transpose: bool, G: int,
+                      paired: bool) -> None:
+    """W (G, M, K) with x (K,) (one vector for every matrix) or x (G, K) (one each)."""
+    M, K = 31, 1031
+    W = random_array(rng, (G,) + stored_shape(M, K, transpose), dtype)
+    x = random_array(rng, ((G,) if paired else ()) + (K,), dtype)
+    run_checked(cp, W, x, transpose=transpose)
+
+
+@pytest.mark.parametrize("dtype,transpose,batches,with_beta", cases(DTYPES, BOOLS, BATCH_CASES, BOOLS),
+                         ids=idfn)
+def test_batch_broadcasting(cp: Any, rng: np.random.Generator, dtype: str, transpose: bool,
+                            batches: tuple[tuple[int, ...], tuple[int, ...]], with_beta: bool) -> None:
+    wb, xb = batches
+    M, K = 13, 70
+    W = random_array(rng, wb + stored_shape(M, K, transpose), dtype)
+    x = random_array(rng, xb + (K,), dtype)
+    y_in = random_array(rng, out_shape(W, x, transpose), dtype) if with_beta else None
+    run_checked(cp, W, x, alpha=0.75, beta=-2.0 if with_beta else 0.0, y_in=y_in, transpose=transpose)
+
+
+# ---- layouts and misaligned views -------------------------------------------------------------------
+
+NEGATIVE_STRIDE_BUG = ("gemvx bug: a matrix dim of size 1 with a negative stride (W[::-1] of a "
+                       "one-row W) crashes in prepare with 'cannot unpack non-iterable NoneType'")
+
+
+def _matrix_view_params() -> list[Any]:
+    params = []
+    for dtype, transpose, kind, shape in cases(DTYPES, BOOLS, MATRIX_VIEWS,
+                                               [(33, 1031), (1000, 37), (1, 9), (9, 1)]):
+        one_row = stored_shape(*shape, transpose)[0] == 1
+        marks = [pytest.mark.xfail(strict=True, reason=NEGATIVE_STRIDE_BUG)] if kind == "reversed" and one_row else []
+        params.append(pytest.param(dtype, transpose, kind, shape, marks=marks))
+    return params
+
+
+@pytest.mark.parametrize("dtype,transpose,kind,shape", _matrix_view_params(), ids=idfn)
+def test_matrix_views(cp: Any, rng: np.random.Generator, dtype: str, transpose: bool, kind: str,
+                      shape: tuple[int, int]) -> None:
+    M, K = shape
+    base_shape, view = matrix_view(kind, stored_shape(M, K, transpose))
+    base = random_array(rng, base_shape, dtype)
+    base_d = cp.asarray(base)
+    W_h, W_d = view(base), view(base_d)
+    x = random_array(rng, (K,), dtype)
+    if kind in ("row_offset", "flat_offset"):
+        assert W_d.data.ptr == base_d.data.ptr + W_d.itemsize and W_d.data.ptr % 16 != 0
+    if kind == "f":
+        assert W_d.flags.f_contiguous and W_d.data.ptr == base_d.data.ptr
+        if M > 1 and K > 1:  # a .T view runs through the other kernel layout, with no copy
+            assert _plan.kernel_layout(W_d, transpose) == ("N" if transpose else "T")
+    run_checked(cp, W_h, x, W_d=W_d, transpose=transpose)
+    assert cp.asnumpy(base_d).tobytes() == base.tobytes(), "W was modified"
+
+
+@pytest.mark.parametrize("dtype,transpose,kind", cases(DTYPES, BOOLS, ("f", "row_offset", "padded")))
+def test_batched_matrix_views(cp: Any, rng: np.random.Generator, dtype: str, transpose: bool,
+                              kind: str) -> None:
+    """Batched W as a swapaxes (.T per matrix) view, or rows offset/padded within each matrix."""
+    G, M, K = 3, 17, 45
+    base_shape, view = matrix_view(kind, (G,) + stored_shape(M, K, transpose))
+    base = random_array(rng, base_shape, dtype)
+    x = random_array(rng, (G, K), dtype)
+    run_checked(cp, view(base), x, W_d=view(cp.asarray(base)), transpose=transpose)
+
+
+@pytest.mark.parametrize("dtype,transpose,kind,batch", cases(
+    DTYPES, BOOLS, ("offset", "strided", "padded"), [(), (5,)]), ids=idfn)
+def test_vector_views(cp: Any, rng: np.random.Generator, dtype: str, transpose: bool, kind: str,
+                      batch: tuple[int, ...]) -> None:
+    """x starting one element in (misaligned), strided (copied) or in padded rows."""
+    M, K = 37, 1031
+    W = random_array(rng, stored_shape(M, K, transpose), dtype)
+    base_shape, view = vector_view(kind, batch + (K,))
+    base = random_array(rng, base_shape, dtype)
+    x_d = view(cp.asarray(base))
+    if kind == "offset":
+        assert x_d.data.ptr % 16 != 0
+    run_checked(cp, W, view(base), x_d=x_d, transpose=transpose)
+
+
+@pytest.mark.parametrize("transpose", BOOLS)
+def test_fortran_w_takes_configs_of_the_other_layout(cp: Any, rng: np.random.Generator,
+                                                     transpose: bool) -> None:
+    """An F-contiguous W runs the other layout: its configs work, the stored layout's do not."""
+    M, K = 33, 257
+    base = random_array(rng, stored_shape(M, K, transpose)[::-1], "float32")
+    W_h, W_d = base.T, cp.asarray(base).T
+    x = random_array(rng, (K,), "float32")
+    runs = "N" if transpose else "T"
+    run_checked(cp, W_h, x, W_d=W_d, transpose=transpose, config=PLAIN[runs])
+    wrong = PLAIN["T" if runs == "N" else "N"]
+    with pytest.raises(ValueError, match=rf"config {wrong}\b.*layout"):
+        gemvx.cupy_gemv(W_d, cp.asarray(x), transpose=transpose, config=wrong)
+
+
+# ---- every compiled config, split-K, aligned and unaligned -----------------------------------------
+
+def _split_shape(cfg: dict[str, Any]) -> tuple[int, int]:
+    """(M, K) with K long enough that 7 splits are all used, whatever the dtype and alignment."""
+    if cfg["layout"] == "N":  # K units are 16-byte chunks (8 elements at most); lanes * unroll each
+        return 5, 7 * cfg["p1"] * cfg["unroll"] * 8 + 5
+    return 13, 7 * (cfg["threads"] // cfg["p1"]) * cfg["unroll"] + 5  # K units are rows of W
+
+
+@pytest.mark.parametrize("cfg_id,dtype,splits,aligned,shape_kind", cases(
+    [c["id"] for c in CONFIGS], DTYPES, (1, 2, 7), BOOLS, ("odd", "split")))
+def test_every_config(cp: Any, rng: np.random.Generator, cfg_id: int, dtype: str, splits: int,
+                      aligned: bool, shape_kind: str) -> None:
+    """Each config, with a batch its max_vectors cares about, on the 16-byte body (aligned rows;
+    odd K or M leaves a scalar tail) and on the scalar variant (W one element off 16 bytes)."""
+    cfg = CONFIG_BY_ID[cfg_id]
+    transpose = cfg["layout"] == "T"
+    M, K = (37, 1031) if shape_kind == "odd" else _split_shape(cfg)
+    B = cfg["max_vectors"] + 3  # a full chunk of vectors and a partial one
+    w_base_shape, w_view = matrix_view("padded" if aligned else "flat_offset", stored_shape(M, K, transpose))
+    x_base_shape, x_view = vector_view("padded" if aligned else "c", (B, K))
+    w_base, x_base = random_array(rng, w_base_shape, dtype), random_array(rng, x_base_shape, dtype)
+    W_h, x_h = w_view(w_base), x_view(x_base)
+    W_d, x_d = w_view(cp.asarray(w_base)), x_view(cp.asarray(x_base))
+
+    # The test exercises what it says: the kernel layout, the 16-byte body or not, split-K or not.
+    out_probe = cp.empty((B, M), dtype=W_d.dtype)
+    prep = problem_for(cp, W_d, x_d, out_probe, transpose)
+    assert prep.layout == cfg["layout"]
+    assert vector_eligible(prep.problem, W_d.itemsize) == aligned
+    from gemvx._core import _ext
+
+    used = _ext.effective_splits(prep.problem, cfg_id, splits)
+    assert 1 <= used <= splits
+    if shape_kind == "split":
+        assert used == splits, f"K={K} too short for {splits} splits of config {cfg_id}"
+
+    config = cfg_id if splits == 1 else (cfg_id, splits)
+    first = run_checked(cp, W_h, x_h, W_d=W_d, x_d=x_d, transpose=transpose, config=config)
+    second = run_checked(cp, W_h, x_h, W_d=W_d, x_d=x_d, transpose=transpose, config=config)
+    assert first.tobytes() == second.tobytes(), "not bitwise repeatable"
+
+
+@pytest.mark.parametrize("dtype,transpose,B", cases(DTYPES, BOOLS, (1, 5)))
+def test_bitwise_repeatable(cp: Any, rng: np.random.Generator, dtype: str, transpose: bool, B: int) -> None:
+    """Same inputs, same bytes: the default config and split-K (fixed-order second pass)."""
+    M, K = 1000, 4097
+    W = random_array(rng, stored_shape(M, K, transpose), dtype)
+    x = random_array(rng, (B, K), dtype)
+    W_d, x_d = cp.asarray(W), cp.asarray(x)
+    layout = "T" if transpose else "N"
+    for config in (None, (PLAIN[layout], 7)):
+        runs = [cp.asnumpy(gemvx.cupy_gemv(W_d, x_d, transpose=transpose, config=config)) for _ in range(3)]
+        assert_gemv_close(runs[0], W, x, transpose=transpose)
+        assert runs[0].tobytes() == runs[1].tobytes() == runs[2].tobytes(), f"config {config}"
+
+
+# ---- empty and degenerate sizes --------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype,transpose,batch", cases(DTYPES, BOOLS, [(), (3,)]), ids=idfn)
+def test_k_zero(cp: Any, rng: np.random.Generator, dtype: str, transpose: bool,
+                batch: tuple[int, ...]) -> None:
+    """K == 0: y = beta * y_in; zeros when beta == 0 (over a NaN-filled out, or a new array)."""
+    dt = np_dtype(dtype)
+    M = 37
+    W = cp.asarray(np.zeros(stored_shape(M, 0, transpose), dt))
+    x = cp.asarray(np.zeros(batch + (0,), dt))
+    out = cp.asarray(poisoned(batch + (M,), dt))
+    y = gemvx.cupy_gemv(W, x, out, alpha=2.0, transpose=transpose)
+    assert y is out and (cp.asnumpy(y).astype(np.float64) == 0).all()
+    poison_pool(cp, math.prod(batch + (M,)) * dt.itemsize)
+    y = gemvx.cupy_gemv(W, x, transpose=transpose)
+    assert y.shape == batch + (M,) and (cp.asnumpy(y).astype(np.float64) == 0).all()
+    y_in = random_array(rng, batch + (M,), dt)
+    out = cp.asarray(y_in)
+    y = gemvx.cupy_gemv(W, x, out, alpha=2.0, beta=-2.0, transpose=transpose)
+    expect = (-2.0 * y_in.astype(np.float64)).astype(dt)  # exact: a power of two
+    assert y is out and cp.asnumpy(y).tobytes() == expect.tobytes()
+
+
+EMPTY_CASES = {
+    # name: (W batch, M, K, x shape)
+    "M0": ((), 0, 7, (7,)),
+    "M0_batched_x": ((), 0, 7, (4, 7)),
+    "x_batch0": ((), 5, 7, (0, 7)),
+    "W_batch0": ((0,), 5, 7, (7,)),
+    "W_batch_2x0": ((2, 0), 5, 7, (7,)),
+    "x_batch0_vs_W_batch3": ((3,), 5, 7, (0, 1, 7)),
+    "M0_K0": ((), 0, 0, (0,)),
+}
+
+
+@pytest.mark.parametrize("dtype,transpose,case", cases(DTYPES, BOOLS, EMPTY_CASES))
+def test_empty(cp: Any, rng: np.random.Generator, dtype: str, transpose: bool, case: str) -> None:
+    wb, M, K, xshape = EMPTY_CASES[case]
+    W = cp.asarray(random_array(rng, wb + stored_shape(M, K, transpose), dtype))
+    x = cp.asarray(random_array(rng, xshape, dtype))
+    expect = tuple(np.broadcast_shapes(wb, xshape[:-1])) + (M,)
+    y = gemvx.cupy_gemv(W, x, transpose=transpose)
+    assert isinstance(y, cp.ndarray) and y.shape == expect and y.dtype == W.dtype and y.size == 0
+    out = cp.empty(expect, dtype=W.dtype)
+    assert gemvx.cupy_gemv(W, x, out, beta=2.0, transpose=transpose) is out
+    # an explicit config is still checked on an empty problem
+    with pytest.raises(ValueError, match="config"):
+        gemvx.cupy_gemv(W, x, transpose=transpose, config=max(CONFIG_BY_ID) + 977)
+
+
+# ---- NaN / Inf --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype,transpose,shape,split", cases(
+    DTYPES, BOOLS, [(8, 37), (40, 1031)], BOOLS), ids=idfn)
+def test_nonfinite(cp: Any, rng: np.random.Generator, dtype: str, transpose: bool,
+                   shape: tuple[int, int], split: bool) -> None:
+    """Inf and NaN propagate as in float64 (through the split-K second pass too)."""
+    M, K = shape
+    layout = "T" if transpose else "N"
+    config = (PLAIN[layout], 4) if split else None
+    # Padded rows: the 16-byte body runs, and with odd K (N) or M (T) a scalar tail too.
+    base_shape, view = matrix_view("padded", stored_shape(M, K, transpose))
+    base = random_array(rng, base_shape, dtype)
+    W = view(base)
+    Wmk = W.T if transpose else W  # writes go through to base
+    Wmk[0, 3] = np.inf
+    Wmk[1, K - 1] = -np.inf  # the last column: the scalar tail of layout N
+    Wmk[2, 7] = np.nan
+    Wmk[3, 1], Wmk[3, 2] = np.inf, -np.inf  # Inf - Inf = NaN with x[1] = x[2] = 1
+    Wmk[M - 1, 0] = np.inf  # the last row: the right edge of layout T
+    x = random_array(rng, (K,), dtype)
+    x[1] = x[2] = 1
+    ref = ref_gemv(W, x, transpose=transpose)
+    assert np.isinf(ref[[0, 1, M - 1]]).all() and np.isnan(ref[2:4]).all()
+    assert np.isfinite(ref[4:M - 1]).all()
+    run_checked(cp, W, x, W_d=view(cp.asarray(base)), transpose=transpose, config=config)
+
+    Wf = random_array(rng, stored_shape(M, K, transpose), dtype)
+    xn = x.copy()
+    xn[5] = np.nan  # NaN in x: every output NaN
+    got = run_checked(cp, Wf, xn, transpose=transpose, config=config)
+    assert np.isnan(got.astype(np.float64)).all()
+    xi = x.copy()
+    xi[5] = -np.inf  # Inf in x: +-Inf by the sign of W's entries
+    got = run_checked(cp, Wf, xi, transpose=transpose, config=config)
+    assert np.isinf(got.astype(np.float64)).all()
+    y_in = random_array(rng, (M,), dtype)
+    y_in[4] = np.nan  # NaN in y_in reaches the output through beta != 0
+    got = run_checked(cp, Wf, x, beta=0.5, y_in=y_in, transpose=transpose, config=config)
+    assert np.isnan(float(got[4])) and np.isfinite(np.delete(got.astype(np.float64), 4)).all()
+
+
+# ---- streams, graphs, foreign arrays, devices -----------------------------------------------------
+
+def test_current_stream(cp: Any, rng: np.random.Generator) -> None:
+    """Launches go to CuPy's current stream (checked after that stream synchronizes)."""
+    W = random_array(rng, (513, 20000), "float16")
+    x = random_array(rng, (3, 20000), "float16")
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        assert cp.cuda.get_current_stream().ptr == stream.ptr
+        W_d, x_d = cp.asarray(W), cp.asarray(x)
+        out = cp.asarray(poisoned((3, 513), W.dtype))
+        y1 = gemvx.cupy_gemv(W_d, x_d, out)
+        y2 = gemvx.cupy_gemv(W_d, x_d, config=(PLAIN["N"], 7))  # split-K: workspace + second pass
+        y3 = gemvx.cupy_gemv(W_d.T, x_d, transpose=True)  # .T view: the other layout
+    stream.synchronize()
+    for y in (y1, y2, y3):
+        assert_gemv_close(cp.asnumpy(y), W, x)
+
+
+def test_graph_capture_records_the_launch(cp: Any, rng: np.random.Generator) -> None:
+    """Under stream capture the kernel is recorded into the graph (so it was enqueued on the
+    current stream): replaying the graph fills an out that was re-poisoned after the capture."""
+    W = random_array(rng, (300, 1031), "float32")
+    x = random_array(rng, (1031,), "float32")
+    W_d, x_d = cp.asarray(W), cp.asarray(x)
+    out = cp.asarray(poisoned((300,), W.dtype))
+    config = PLAIN["N"]  # one kernel, no workspace: nothing is allocated while capturing
+    gemvx.cupy_gemv(W_d, x_d, out, config=config)  # warm-up (module load) outside the capture
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()
+        try:
+            gemvx.cupy_gemv(W_d, x_d, out, config=config)
+        finally:
+            graph = stream.end_capture()
+    out[...] = cp.asarray(poisoned((300,), W.dtype))
+    cp.cuda.Device().synchronize()
+    assert np.isnan(cp.asnumpy(out)).all()
+    graph.launch(stream)
+    stream.synchronize()
+    assert_gemv_close(cp.asnumpy(out), W, x)
+
+
+class CudaArrayInterfaceOnly:
+    """Exposes a CuPy array through ``__cuda_array_interface__`` and nothing else."""
+
+    def __init__(self, a: Any) -> None:
+        self._a = a
+        self.__cuda_array_interface__ = a.__cuda_array_interface__
+
+
+class DLPackOnly:
+    """Exposes an array through ``__dlpack__`` / ``__dlpack_device__`` and nothing else."""
+
+    def __init__(self, a: Any) -> None:
+        self._a = a
+
+    def __dlpack__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._a.__dlpack__(*args, **kwargs)
+
+    def __dlpack_device__(self) -> Any:
+        return self._a.__dlpack_device__()
+
+
+@pytest.mark.parametrize("dtype,wrapper,which", cases(
+    ("float32", "float16"), ("cai", "dlpack"), ("W", "x", "both")))
+def test_foreign_arrays(cp: Any, rng: np.random.Generator, dtype: str, wrapper: str, which: str) -> None:
+    """Inputs given through __cuda_array_interface__ or DLPack run like CuPy arrays."""
+    wrap = CudaArrayInterfaceOnly if wrapper == "cai" else DLPackOnly
+    W = random_array(rng, (77, 1031), dtype)
+    x = random_array(rng, (2, 1031), dtype)
+    W_d, x_d = cp.asarray(W), cp.asarray(x)
+    W_arg = wrap(W_d) if which in ("W", "both") else W_d
+    x_arg = wrap(x_d) if which in ("x", "both") else x_d
+    out = cp.asarray(poisoned((2, 77), W.dtype))
+    assert gemvx.cupy_gemv(W_arg, x_arg, out) is out
+    assert_gemv_close(cp.asnumpy(out), W, x)
+
+
+def test_multi_device(cp: Any, rng: np.random.Generator) -> None:
+    if cp.cuda.runtime.getDeviceCount() < 2:
+        pytest.skip("needs at least 2 GPUs to put arrays on different devices; this machine has 1")
+    W = random_array(rng, (65, 300), "float32")
+    x = random_array(rng, (300,), "float32")
+    with cp.cuda.Device(0):
+        W0, x0, out0 = cp.asarray(W), cp.asarray(x), cp.asarray(poisoned((65,), W.dtype))
+    with cp.cuda.Device(1):
+        W1, x1, out1 = cp.asarray(W), cp.asarray(x), cp.asarray(poisoned((65,), W.dtype))
+    with pytest.raises(ValueError, match=r"\bx\b.*device"):
+        gemvx.cupy_gemv(W0, x1)
+    with pytest.raises(ValueError, match=r"\bout\b.*device"):
+        gemvx.cupy_gemv(W0, x0, out1)
+    assert np.isnan(cp.asnumpy(out1)).all(), "out was written by a call that failed"
+    # Everything on device 1 while device 0 is current: runs on device 1.
+    with cp.cuda.Device(0):
+        y = gemvx.cupy_gemv(W1, x1, out1)
+    assert y is out1 and y.device.id == 1
+    assert_gemv_close(cp.asnumpy(y), W, x)
+    with cp.cuda.Device(0):
+        y = gemvx.cupy_gemv(W1, x1)
+    assert y.device.id == 1
+
+
+# ---- bad input: refused before anything runs ----------------------------------------------------------
+
+def _gpu_only_bad_cases(cp: Any) -> list[Any]:
+    W = np.ones((4, 5), np.float32)
+    x = np.ones(5, np.float32)
+    Wd, xd = cp.asarray(W), cp.asarray(x)
+    out = cp.asarray(poisoned((4,), W.dtype))
+    max_id = max(CONFIG_BY_ID)
+    return [
+        ("W_host", W, xd, out, {}, ValueError, r"\bW\b.*host"),
+        ("x_host", Wd, x, out, {}, ValueError, r"\bx\b.*host"),
+        ("out_host", Wd, xd, poisoned((4,), W.dtype), {}, ValueError, r"\bout\b"),
+        ("out_cai", Wd, xd, CudaArrayInterfaceOnly(out), {}, ValueError, r"\bout\b"),
+        ("W_host_dlpack", DLPackOnly(W), xd, out, {}, ValueError, r"\bW\b.*host"),
+        ("W_object", object(), xd, out, {}, TypeError, r"\bW\b"),
+        ("config_unknown", Wd, xd, out, {"config": max_id + 977}, ValueError, rf"config {max_id + 977}\b"),
+        ("config_wrong_layout", Wd, xd, out, {"config": PLAIN["T"]}, ValueError, r"layout"),
+        ("config_wrong_layout_T", Wd.T.copy(), xd, out, {"transpose": True, "config": PLAIN["N"]},
+         ValueError, r"layout"),
+        ("config_splits_0", Wd, xd, out, {"config": (PLAIN["N"], 0)}, ValueError, r"splits"),
+        ("config_list", Wd, xd, out, {"config": [PLAIN["N"], 2]}, ValueError, r"config"),
+        ("config_str", Wd, xd, out, {"config": "fast"}, ValueError, r"config"),
+    ]
+
+
+BAD_CASE_NAMES = [c[0] for c in bad_call_cases()] + [
+    "W_host", "x_host", "out_host", "out_cai", "W_host_dlpack", "W_object", "config_unknown",
+    "config_wrong_layout", "config_wrong_layout_T", "config_splits_0", "config_list", "config_str"]
+
+
+@pytest.mark.parametrize("case", BAD_CASE_NAMES)
+def test_bad_arguments(cp: Any, case: str) -> None:
+    """Every bad input raises TypeError/ValueError naming the argument, and nothing runs."""
+    all_cases = bad_call_cases(cp.asarray) + _gpu_only_bad_cases(cp)
+    _, W, x, out, kwargs, exc, pattern = next(c for c in all_cases if c[0] == case)
+    before = cp.asnumpy(out).tobytes() if isinstance(out, cp.ndarray) else None
+    with pytest.raises(exc, match=pattern):
+        gemvx.cupy_gemv(W, x, out, **kwargs)
+    cp.cuda.Device().synchronize()  # no asynchronous error either
+    if before is not None:
+        assert cp.asnumpy(out).tobytes() == before, "out was written by a call that failed"
