@@ -40,11 +40,12 @@ def main() -> int:
     def rand(shape, dt):
         return cp.asarray(rng.standard_normal(shape).astype(np.float32)).astype(dt)
 
-    for c in gemvx.configs():
+    dtypes = (cp.float16, np.dtype("bfloat16"), cp.float32)
+    for n, c in enumerate(gemvx.configs()):
         tr = c["layout"] == "T"
         nv = min(c["max_vectors"], 3) if c["max_vectors"] > 1 else 1
-        for dt in (cp.float16, np.dtype("bfloat16"), cp.float32):
-            for (M, K) in ((37, 301), (129, 64)):
+        for dt in (dtypes[n % 3], dtypes[(n + 1) % 3]):  # every dtype meets every family
+            for (M, K) in ((37, 301),):
                 for splits in (1, 3):
                     shape = (K, M) if tr else (M, K)
                     W = rand(shape, dt)

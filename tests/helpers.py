@@ -1,8 +1,9 @@
 """Shared helpers for the gemvx tests: dtypes, random inputs, views, the float64 reference and
 the error measure every comparison goes through.
 
-Nothing here imports CuPy: the view builders take the array module (``numpy`` or ``cupy``) as an
-argument, so the CPU and GPU suites build exactly the same strided views of the same host data.
+Nothing here imports CuPy: the view builders return functions that only slice, reshape and swap
+axes, so the CPU and GPU suites apply exactly the same strided view to the same host data (and
+to its device copy).
 """
 
 from __future__ import annotations
@@ -18,20 +19,19 @@ try:
     import ml_dtypes
 
     BFLOAT16: np.dtype | None = np.dtype(ml_dtypes.bfloat16)
-except ImportError:  # pragma: no cover - ml_dtypes is a test dependency
+except ImportError:  # bfloat16 cases skip, saying why (see np_dtype)
     BFLOAT16 = None
 
 DTYPES = ("float32", "float16", "bfloat16")
 
-# Relative-norm error allowed against the float64 reference, by dtype. float16/bfloat16 are
-# dominated by the rounding of the output (unit roundoff 2^-11 and 2^-8; the norm-wise error of a
-# correctly rounded result is about half of that), float32 by fp32 accumulation. A kernel that
-# drops one term of a dot product, one row, or accumulates in the storage type fails these (see
-# test_cpu.py::test_error_measure_catches_wrong_results).
+# Relative-norm error allowed against the float64 reference, by dtype. For float16/bfloat16 the
+# error of a correct kernel is the rounding of the output (unit roundoff 2^-11 and 2^-8; these
+# are 4x that); for float32 it is fp32 accumulation, which grows like sqrt(K) for random data:
+# tolerance() adds 4 u32 sqrt(K). A kernel that drops a vector chunk of a dot product, a row, or
+# accumulates in the storage type fails them (test_cpu.py::test_error_measure_catches_wrong_results).
 TOL = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1.6e-2}
 
-# Unit roundoff of fp32: accumulation error grows like sqrt(K) for random data.
-U32 = 2.0**-24
+U32 = 2.0**-24  # unit roundoff of fp32
 
 
 def np_dtype(name: str) -> np.dtype:
@@ -50,7 +50,8 @@ def tolerance(dtype: str, K: int) -> float:
 
 def random_array(rng: np.random.Generator, shape: tuple[int, ...], dtype: str | np.dtype) -> np.ndarray:
     """Standard-normal values in ``dtype`` with no exact zeros (0 * Inf would hide propagation)."""
-    a = rng.standard_normal(shape, dtype=np.float32).astype(np_dtype(dtype) if isinstance(dtype, str) else dtype)
+    dt = np_dtype(dtype) if isinstance(dtype, str) else dtype
+    a = rng.standard_normal(shape, dtype=np.float32).astype(dt)
     a[a == 0] = 1
     return a
 

@@ -21,6 +21,7 @@ import pytest
 
 import gemvx
 from gemvx import _plan, _table
+from gemvx._core import DTYPE_CODES, _ext, gpu_count
 from helpers import (
     BATCH_CASES,
     DTYPES,
@@ -93,8 +94,6 @@ def test_build_info() -> None:
 def test_gpu_available_is_bool() -> None:
     avail = gemvx.gpu_available()
     assert isinstance(avail, bool)
-    from gemvx._core import gpu_count
-
     assert avail == (gpu_count() > 0)
 
 
@@ -187,7 +186,10 @@ def test_reference_alpha_beta(dtype: str, transpose: bool, shape: tuple[int, int
     M, K = shape
     W = random_array(rng, stored_shape(M, K, transpose), dt)
     x = random_array(rng, (K,), dt)
-    out = None if out_kind is None else poisoned((M,), dt) if out_kind == "nan" else random_array(rng, (M,), dt)
+    if out_kind is None:
+        out = None
+    else:
+        out = poisoned((M,), dt) if out_kind == "nan" else random_array(rng, (M,), dt)
     y_in = None if out is None else out.copy()
     y = gemvx.gemv_reference(W, x, out, alpha=alpha, beta=beta, transpose=transpose)
     if out is not None:
@@ -197,17 +199,11 @@ def test_reference_alpha_beta(dtype: str, transpose: bool, shape: tuple[int, int
     assert_gemv_close(y, W, x, alpha=alpha, beta=beta, y_in=y_in, transpose=transpose)
 
 
-NEGATIVE_STRIDE_BUG = ("gemvx bug: a matrix dim of size 1 with a negative stride (W[::-1] of a "
-                       "one-row W) crashes in prepare with 'cannot unpack non-iterable NoneType'")
-
-
 def _matrix_view_params() -> list[Any]:
     params = []
     for dtype, transpose, kind, shape in cases(DTYPES, BOOLS, MATRIX_VIEWS,
                                                [(33, 1031), (1000, 37), (1, 9), (9, 1)]):
-        one_row = stored_shape(*shape, transpose)[0] == 1
-        marks = [pytest.mark.xfail(strict=True, reason=NEGATIVE_STRIDE_BUG)] if kind == "reversed" and one_row else []
-        params.append(pytest.param(dtype, transpose, kind, shape, marks=marks))
+        params.append(pytest.param(dtype, transpose, kind, shape))
     return params
 
 
@@ -372,10 +368,8 @@ def test_reference_batch_broadcasting(dtype: str, transpose: bool,
     assert_gemv_close(y_new, W, x, alpha=0.75, transpose=transpose)
 
 
-# ---- known package bugs (strict xfail: they flip to failures once fixed, so the mark goes) ------
+# ---- regressions: byte order, negative strides on size-1 dims, read-only out --------------------
 
-@pytest.mark.xfail(strict=True, reason="gemvx bug: non-native byte order is accepted and read as "
-                   "native (check_dtypes compares dtype names only)")
 def test_reference_non_native_byte_order(rng: np.random.Generator) -> None:
     W = random_array(rng, (5, 7), "float32").astype(">f4")
     x = random_array(rng, (7,), "float32").astype(">f4")
@@ -386,7 +380,6 @@ def test_reference_non_native_byte_order(rng: np.random.Generator) -> None:
     assert_gemv_close(np.asarray(y, np.float32), W.astype(np.float32), x.astype(np.float32))
 
 
-@pytest.mark.xfail(strict=True, reason=NEGATIVE_STRIDE_BUG)
 @pytest.mark.parametrize("view", ["one_row_reversed", "one_column_reversed"])
 def test_size1_matrix_dim_with_negative_stride(view: str, rng: np.random.Generator) -> None:
     base = random_array(rng, (1, 9) if view == "one_row_reversed" else (9, 1), "float32")
@@ -395,7 +388,6 @@ def test_size1_matrix_dim_with_negative_stride(view: str, rng: np.random.Generat
     assert_gemv_close(gemvx.gemv_reference(W, x), W, x)
 
 
-@pytest.mark.xfail(strict=True, reason="gemvx bug: gemv_reference writes into a read-only out")
 def test_reference_refuses_read_only_out(rng: np.random.Generator) -> None:
     W = random_array(rng, (5, 7), "float32")
     x = random_array(rng, (7,), "float32")
@@ -407,14 +399,20 @@ def test_reference_refuses_read_only_out(rng: np.random.Generator) -> None:
 
 # ---- argument checking ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("case", [c[0] for c in bad_call_cases()])
-@pytest.mark.parametrize("door", ["gemv_reference", "check_call"])
-def test_bad_arguments(case: str, door: str, rng: np.random.Generator) -> None:
+def _bad_argument_params() -> list[tuple[str, str]]:
+    params = []
+    for name, W, x, *_ in bad_call_cases():
+        params.append((name, "gemv_reference"))
+        if isinstance(W, np.ndarray) and isinstance(x, np.ndarray):  # check_call takes arrays only
+            params.append((name, "check_call"))
+    return params
+
+
+@pytest.mark.parametrize("case,door", _bad_argument_params())
+def test_bad_arguments(case: str, door: str) -> None:
     """Every bad input raises the documented exception, naming the argument; out is untouched."""
     _, W, x, out, kwargs, exc, pattern = next(c for c in bad_call_cases() if c[0] == case)
     if door == "check_call":
-        if not all(isinstance(a, np.ndarray) for a in (W, x)):
-            pytest.skip("check_call takes arrays; non-arrays are the doors' job (tested via gemv_reference)")
         call: Callable[[], Any] = lambda: _plan.check_call(  # noqa: E731
             W, x, out, kwargs.get("alpha", 1.0), kwargs.get("beta", 0.0), kwargs.get("transpose", False))
     else:
@@ -462,10 +460,11 @@ def test_plan_shapes_grouping(case: str) -> None:
     assert p.M == out_shape[-1] and p.K == x_shape[-1]
     assert math.prod(p.work_shape) == groups * nvec
     assert not p.empty
-    # result_axes undoes the work order: permuting a labelled work array gives result order.
-    work = np.arange(math.prod(p.work_shape)).reshape(p.work_shape + (1,))
-    back = work.transpose(p.result_axes())
-    assert back.shape == tuple(batch[i] for i in sorted(g_dims + v_dims)) + (1,)
+    # x_axes puts a labelled batch into work order; result_axes brings it back unchanged.
+    labels = np.arange(math.prod(batch)).reshape(batch + (1,))
+    work = labels.transpose(p.x_axes()).reshape(p.work_shape + (1,))
+    back = work.transpose(p.result_axes()).reshape(batch + (1,))
+    np.testing.assert_array_equal(back, labels)
 
 
 @pytest.mark.parametrize("w_shape,x_shape,transpose,match", [
@@ -614,9 +613,6 @@ def test_load_table_bad_file(tmp_path: Path, what: str) -> None:
         _table.load_table(p)
 
 
-@pytest.mark.xfail(strict=True, reason="gemvx bug: load_table accepts a float/bool config id and "
-                   "bool sizes (isinstance(True, int)); the lookup then returns 1.0 and launch "
-                   "fails with TypeError at call time")
 @pytest.mark.parametrize("over", [{"config": float(N_IDS[1])}, {"config": True}, {"splits": True}],
                          ids=["config_float", "config_bool", "splits_bool"])
 def test_load_table_rejects_non_integer_fields(tmp_path: Path, over: dict[str, Any]) -> None:
@@ -624,21 +620,30 @@ def test_load_table_rejects_non_integer_fields(tmp_path: Path, over: dict[str, A
         _table.load_table(_write(tmp_path / "t.json", [_entry(**over)]))
 
 
-def test_lookup_nearest_in_log2_space(tmp_path: Path) -> None:
-    a, b, c, d = N_IDS[:4]
+def test_lookup_batch_bucket_then_nearest_in_log2_space(tmp_path: Path) -> None:
+    """The batch picks a bucket (smallest tabulated batch >= the call's, else the largest);
+    within it the nearest (M, K) in log2 space wins."""
+    a, b, c, d, e = N_IDS[:5]
     t = _table.load_table(_write(tmp_path / "t.json", [
         _entry(batch=1, M=1024, K=1024, config=a),
         _entry(batch=1, M=8192, K=8192, config=b, splits=2),
-        _entry(batch=16, M=1024, K=1024, config=c),
         _entry(batch=1, M=64, K=65536, config=d, splits=8),
+        _entry(batch=16, M=1024, K=1024, config=c),
+        _entry(batch=4, M=8192, K=8192, config=e, splits=3),
     ]))
     assert t.lookup("float16", "N", 1, 1024, 1024) == (a, 1)       # exact hit
     assert t.lookup("float16", "N", 1, 2048, 2048) == (a, 1)       # 2 away from a, 8 from b
     # 3000 is nearer 1024 on a linear scale but nearer 8192 in log2: the log2 distance wins.
     assert t.lookup("float16", "N", 1, 3000, 3000) == (b, 2)
-    assert t.lookup("float16", "N", 8, 1024, 1024) == (c, 1)       # batch is a coordinate too
     assert t.lookup("float16", "N", 1, 100, 40000) == (d, 8)
     assert t.lookup("float16", "N", 0, 0, 0) == (a, 1)             # sizes < 1 count as 1
+    # batch 2..4 -> bucket 4, 5..16 -> bucket 16, beyond the table -> the largest bucket,
+    # whatever the (M, K) distance to the entries of other buckets
+    assert t.lookup("float16", "N", 2, 1024, 1024) == (e, 3)
+    assert t.lookup("float16", "N", 4, 1024, 1024) == (e, 3)
+    assert t.lookup("float16", "N", 5, 8192, 8192) == (c, 1)
+    assert t.lookup("float16", "N", 16, 8192, 8192) == (c, 1)
+    assert t.lookup("float16", "N", 1000, 8192, 8192) == (c, 1)
     assert t.lookup("bfloat16", "N", 1, 1024, 1024) is None
     assert t.lookup("float16", "T", 1, 1024, 1024) is None
 
@@ -651,7 +656,16 @@ def test_fallback_rules(layout: str, dtype: str) -> None:
         cid, splits = _table.fallback_rules(layout, dtype, batch, M, K, sms)
         assert cid in by_id, (cid, batch, M, K)
         assert by_id[cid]["layout"] == layout, (cid, layout)
-        assert isinstance(splits, int) and 1 <= splits <= 64, (splits, batch, M, K)
+        assert isinstance(splits, int) and 1 <= splits <= 65535, (splits, batch, M, K)
+        if K > 0:
+            # "as far as every split keeps one full unrolled step per lane": the launcher uses
+            # every split the rules ask for (16-byte aligned operands, the case the rules size).
+            p = _ext.Problem()
+            p.dtype, p.trans, p.M, p.K, p.nvec = DTYPE_CODES[dtype], layout == "T", M, K, batch
+            p.W = p.x = p.y = 4096
+            p.ldw = M if layout == "T" else K + (-K) % 8
+            p.x_vec = K + (-K) % 8
+            assert _ext.effective_splits(p, cid, splits) == splits, (cid, splits, batch, M, K)
 
 
 def test_resolve_config_valid() -> None:

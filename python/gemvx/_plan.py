@@ -30,6 +30,9 @@ def dtype_name(a: Any) -> str:
 def check_dtypes(W: Any, x: Any, y: Any = None, y_name: str = "out") -> str:
     """The common dtype name of W, x (and y); TypeError otherwise."""
     supported = ", ".join(DTYPE_CODES)
+    for name, a in (("W", W), ("x", x), (y_name, y)):
+        if a is not None and not np.dtype(a.dtype).isnative:
+            raise TypeError(f"gemvx: {name} has non-native byte order ({np.dtype(a.dtype).str}); expected native")
     dw = dtype_name(W)
     if dw not in DTYPE_CODES:
         raise TypeError(f"gemvx: W has dtype {dw}; expected one of {supported}")
@@ -126,6 +129,10 @@ def matrix_layout(rows: int, cols: int, s_r: int, s_c: int, transpose: bool) -> 
     Returns (kernel_trans, ldw): a row-major matrix runs as stored; a column-major one (e.g. an
     F-contiguous array or a ``.T`` view) is the other layout with no copy. None: needs a copy.
     """
+    if rows <= 1:
+        s_r = max(cols, 1)  # a single row: its stride never matters
+    if cols <= 1:
+        s_c = 1
     if s_r < 0 or s_c < 0:
         return None
     if (cols <= 1 or s_c == 1) and (rows <= 1 or s_r >= cols):
@@ -252,10 +259,12 @@ def check_call(W: Any, x: Any, out: Any, alpha: Any, beta: Any, transpose: Any) 
     if out is not None:
         if tuple(out.shape) != plan.out_shape:
             raise ValueError(f"gemvx: out has shape {tuple(out.shape)}; expected {plan.out_shape}")
-        if dtype_name(out) != dtype:
-            raise ValueError(f"gemvx: out has dtype {dtype_name(out)}; expected {dtype} (the dtype of W and x)")
+        if dtype_name(out) != dtype or not np.dtype(out.dtype).isnative:
+            raise ValueError(f"gemvx: out has dtype {np.dtype(out.dtype).str} ({dtype_name(out)}); expected native {dtype} (the dtype of W and x)")
         if not out.flags.c_contiguous:
             raise ValueError("gemvx: out must be C-contiguous")
+        if not getattr(out.flags, "writeable", True):
+            raise ValueError("gemvx: out is read-only")
     elif beta_f != 0.0:
         raise ValueError("gemvx: beta != 0 reads y_in from out=, but out is None")
     return dtype, plan, alpha_f, beta_f

@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import operator
 import os
 from pathlib import Path
 from typing import Any
@@ -92,9 +93,9 @@ def load_table(path: str | os.PathLike) -> Table:
         if e["layout"] not in LAYOUTS:
             raise ValueError(f"{where}: layout {e['layout']!r} is not one of {list(LAYOUTS)}")
         for f in ("batch", "M", "K", "splits"):
-            if not isinstance(e[f], int) or e[f] < 1:
+            if not _is_int(e[f]) or e[f] < 1:
                 raise ValueError(f"{where}: {f} must be a positive integer; got {e[f]!r}")
-        cfg = compiled.get(e["config"])
+        cfg = compiled.get(e["config"]) if _is_int(e["config"]) else None
         if cfg is None:
             raise ValueError(
                 f"{where}: config {e['config']!r} is not compiled into this build; "
@@ -106,6 +107,10 @@ def load_table(path: str | os.PathLike) -> Table:
                 f"but the entry is for layout {e['layout']}"
             )
     return Table(path, arch, device, entries)
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def _search_dirs() -> list[Path]:
@@ -209,7 +214,8 @@ def resolve_config(config: Any, layout: str) -> tuple[int, int]:
         cid, splits = config
     else:
         cid, splits = config, 1
-    if isinstance(cid, bool) or not isinstance(cid, int) or cid not in compiled:
+    cid, splits = _as_index(cid), _as_index(splits)
+    if cid is None or cid not in compiled:
         raise ValueError(
             f"gemvx: config {config!r} is not a compiled config; valid configs for layout "
             f"{layout} are {valid} (see gemvx.configs())"
@@ -219,6 +225,19 @@ def resolve_config(config: Any, layout: str) -> tuple[int, int]:
             f"gemvx: config {cid} is a layout-{compiled[cid]['layout']} config but this call runs "
             f"layout {layout}; valid configs for layout {layout} are {valid}"
         )
-    if isinstance(splits, bool) or not isinstance(splits, int) or splits < 1:
-        raise ValueError(f"gemvx: config splits must be a positive integer; got {splits!r}")
+    if splits is None or splits < 1:
+        raise ValueError(
+            f"gemvx: config {config!r}: splits must be a positive integer; valid configs for "
+            f"layout {layout} are {valid}, as an id or an (id, splits) pair"
+        )
     return cid, splits
+
+
+def _as_index(v: Any) -> int | None:
+    """An integer (Python or NumPy), else None; bools are not ids."""
+    if isinstance(v, bool):
+        return None
+    try:
+        return operator.index(v)
+    except TypeError:
+        return None
