@@ -26,11 +26,16 @@ namespace {
 
 std::tuple<int, int> to_tuple(Status s) { return {int(s.code), int(s.cuda_error)}; }
 
-template <typename Ptr>
-void bind_ptr(nb::class_<Problem>& c, const char* name, Ptr Problem::*field) {
-  c.def_prop_rw(
-      name, [field](const Problem& p) { return reinterpret_cast<uintptr_t>(p.*field); },
-      [field](Problem& p, uintptr_t v) { p.*field = reinterpret_cast<Ptr>(v); });
+Problem with_operands(const Problem& plan, uintptr_t W, uintptr_t x, uintptr_t y, uintptr_t y_in,
+                      float alpha, float beta) {
+  Problem p = plan;
+  p.W = reinterpret_cast<const void*>(W);
+  p.x = reinterpret_cast<const void*>(x);
+  p.y = reinterpret_cast<void*>(y);
+  p.y_in = reinterpret_cast<const void*>(y_in);
+  p.alpha = alpha;
+  p.beta = beta;
+  return p;
 }
 
 }  // namespace
@@ -38,7 +43,7 @@ void bind_ptr(nb::class_<Problem>& c, const char* name, Ptr Problem::*field) {
 NB_MODULE(_ext, m) {
   m.doc() = "gemvx compiled core (kernels, launcher, CPU reference)";
 
-  auto cls = nb::class_<Problem>(m, "Problem")
+  nb::class_<Problem>(m, "Problem")
                  .def(nb::init<>())
                  .def_prop_rw(
                      "dtype", [](const Problem& p) { return int(p.dtype); },
@@ -55,26 +60,31 @@ NB_MODULE(_ext, m) {
                  .def_rw("y_vec", &Problem::y_vec)
                  .def_rw("y_group", &Problem::y_group)
                  .def_rw("y_in_vec", &Problem::y_in_vec)
-                 .def_rw("y_in_group", &Problem::y_in_group)
-                 .def_rw("alpha", &Problem::alpha)
-                 .def_rw("beta", &Problem::beta);
-  bind_ptr(cls, "W", &Problem::W);
-  bind_ptr(cls, "x", &Problem::x);
-  bind_ptr(cls, "y", &Problem::y);
-  bind_ptr(cls, "y_in", &Problem::y_in);
+                 .def_rw("y_in_group", &Problem::y_in_group);
 
+  // The Problem is an immutable plan (shapes, strides): each call supplies its own pointers and
+  // scalars, so one cached plan serves concurrent callers.
   m.def(
       "launch",
-      [](const Problem& p, int config, int splits, uintptr_t ws, size_t ws_bytes, uintptr_t stream) {
-        return to_tuple(gemvx::launch(p, config, splits, reinterpret_cast<void*>(ws), ws_bytes,
+      [](const Problem& plan, uintptr_t W, uintptr_t x, uintptr_t y, uintptr_t y_in, float alpha,
+         float beta, int config, int splits, uintptr_t ws, size_t ws_bytes, uintptr_t stream) {
+        return to_tuple(gemvx::launch(with_operands(plan, W, x, y, y_in, alpha, beta), config,
+                                      splits, reinterpret_cast<void*>(ws), ws_bytes,
                                       reinterpret_cast<void*>(stream)));
       },
-      nb::arg("problem"), nb::arg("config"), nb::arg("splits"), nb::arg("workspace"),
-      nb::arg("workspace_bytes"), nb::arg("stream"),
+      nb::arg("plan"), nb::arg("W"), nb::arg("x"), nb::arg("y"), nb::arg("y_in"),
+      nb::arg("alpha"), nb::arg("beta"), nb::arg("config"), nb::arg("splits"),
+      nb::arg("workspace"), nb::arg("workspace_bytes"), nb::arg("stream"),
       "Launch on a CUDA stream (device pointers). Returns (status code, cuda error).");
   m.def(
-      "reference", [](const Problem& p) { return to_tuple(gemvx::reference(p)); },
-      nb::arg("problem"), "Run the CPU reference (host pointers). Returns (status code, 0).");
+      "reference",
+      [](const Problem& plan, uintptr_t W, uintptr_t x, uintptr_t y, uintptr_t y_in, float alpha,
+         float beta) {
+        return to_tuple(gemvx::reference(with_operands(plan, W, x, y, y_in, alpha, beta)));
+      },
+      nb::arg("plan"), nb::arg("W"), nb::arg("x"), nb::arg("y"), nb::arg("y_in"),
+      nb::arg("alpha"), nb::arg("beta"),
+      "Run the CPU reference (host pointers). Returns (status code, 0).");
   m.def("workspace_bytes", &gemvx::workspace_bytes, nb::arg("problem"), nb::arg("config"),
         nb::arg("splits"));
   m.def("effective_splits", &gemvx::effective_splits, nb::arg("problem"), nb::arg("config"),

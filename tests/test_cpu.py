@@ -659,10 +659,9 @@ def test_fallback_rules(layout: str, dtype: str) -> None:
         assert isinstance(splits, int) and 1 <= splits <= 65535, (splits, batch, M, K)
         if K > 0:
             # "as far as every split keeps one full unrolled step per lane": the launcher uses
-            # every split the rules ask for (16-byte aligned operands, the case the rules size).
+            # every split the rules ask for (the count depends on sizes only, not on alignment).
             p = _ext.Problem()
             p.dtype, p.trans, p.M, p.K, p.nvec = DTYPE_CODES[dtype], layout == "T", M, K, batch
-            p.W = p.x = p.y = 4096
             p.ldw = M if layout == "T" else K + (-K) % 8
             p.x_vec = K + (-K) % 8
             assert _ext.effective_splits(p, cid, splits) == splits, (cid, splits, batch, M, K)

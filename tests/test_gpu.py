@@ -113,19 +113,20 @@ def poison_pool(cp: Any, nbytes: int) -> None:
 def prepared_for(cp: Any, W: Any, x: Any, out: Any, transpose: bool) -> Any:
     """What cupy_gemv prepares for these arrays: the core Problem and the kernel layout
     (nothing is launched; tests use it to check that they exercise what they claim)."""
-    dtype, plan, alpha, beta = _plan.check_call(W, x, out, 1.0, 0.0, transpose)
-    return _plan.prepare(cp, W, x, out, alpha, beta, transpose, plan, dtype)
+    dtype, plan, _alpha, beta = _plan.check_call(W, x, out, 1.0, 0.0, transpose)
+    return _plan.prepare(cp, W, x, out, beta, transpose, plan, dtype)
 
 
-def vector_eligible(problem: Any, itemsize: int) -> bool:
+def vector_eligible(prep: Any, itemsize: int) -> bool:
     """Mirror of ``vector_ok`` in cc/gemvx/launch.cu: may the 16-byte body run?"""
     def s16(stride: int, extent: int) -> bool:
         return extent <= 1 or (stride * itemsize) % 16 == 0
 
+    problem, (w_ptr, x_ptr, _y, _yin) = prep.problem, prep.ptrs
     rows = problem.K if problem.trans else problem.M
-    ok = problem.W % 16 == 0 and s16(problem.ldw, rows) and s16(problem.w_group, problem.groups)
+    ok = w_ptr % 16 == 0 and s16(problem.ldw, rows) and s16(problem.w_group, problem.groups)
     if not problem.trans:
-        ok = ok and problem.x % 16 == 0 and s16(problem.x_vec, problem.nvec) and \
+        ok = ok and x_ptr % 16 == 0 and s16(problem.x_vec, problem.nvec) and \
             s16(problem.x_group, problem.groups)
     return ok
 
@@ -320,7 +321,7 @@ def test_every_config(cp: Any, rng: np.random.Generator, cfg_id: int, dtype: str
     out_probe = cp.empty((B, M), dtype=W_d.dtype)
     prep = prepared_for(cp, W_d, x_d, out_probe, transpose)
     assert prep.layout == cfg["layout"]
-    assert vector_eligible(prep.problem, W_d.itemsize) == aligned
+    assert vector_eligible(prep, W_d.itemsize) == aligned
     used = _ext.effective_splits(prep.problem, cfg_id, splits)
     assert 1 <= used <= splits
     if shape_kind == "split":
@@ -612,3 +613,29 @@ def test_bad_arguments(cp: Any, case: str) -> None:
     cp.cuda.Device().synchronize()  # no asynchronous error either
     if before is not None:
         assert cp.asnumpy(out).tobytes() == before, "out was written by a call that failed"
+
+
+# ---- the cached fast path: a plan reused for the same shapes/strides/dtypes ----------------------
+
+@pytest.mark.parametrize("dtype,transpose", cases(DTYPES, BOOLS), ids=idfn)
+def test_cached_plan_reuse(cp: Any, rng: np.random.Generator, dtype: str, transpose: bool) -> None:
+    """Repeated calls with one key (shapes, strides, dtypes, flags) take the cached plan: each
+    must still use its own data, alpha/beta, out or not, split-K workspace, and the alignment of
+    its own pointers (same strides, pointer shifted by one element: the scalar variant)."""
+    M, K = 129, 1000
+    shape = (K, M) if transpose else (M, K)
+    n = M * K
+    for call in range(4):
+        flat = random_array(rng, (n + 1,), dtype)
+        off = call % 2  # odd calls: same shape and strides, W pointer not 16-byte aligned
+        W_h = flat[off:off + n].reshape(shape)
+        x_h = random_array(rng, (K,), dtype)
+        W_d = cp.asarray(flat)[off:off + n].reshape(shape)
+        assert W_d.strides == cp.asarray(W_h).strides
+        alpha, beta = (1.0, 0.0) if call < 2 else (0.5 + call, -1.5)
+        y_in = random_array(rng, (M,), dtype) if beta else None
+        run_checked(cp, W_h, x_h, W_d=W_d, alpha=alpha, beta=beta, y_in=y_in, transpose=transpose)
+        y = gemvx.cupy_gemv(W_d, cp.asarray(x_h), transpose=transpose)  # same key without out
+        assert_gemv_close(cp.asnumpy(y), W_h, x_h, transpose=transpose)
+        y = gemvx.cupy_gemv(W_d, cp.asarray(x_h), transpose=transpose, config=(PLAIN["T" if transpose else "N"], 3))
+        assert_gemv_close(cp.asnumpy(y), W_h, x_h, transpose=transpose)

@@ -25,6 +25,7 @@ struct RowMajor {
   static constexpr int kThreads = THREADS, kNV = NV;
   // K is cut into 16-byte chunks (elements in the scalar variant).
   static int64_t k_units(const Problem& p, int vw) { return p.K / vw; }
+  static int64_t unit_elems(int vw) { return vw; }  // elements per K unit of the vector body
   static int64_t min_units_per_split() { return int64_t(TPR) * U; }
   static int64_t round_span(int64_t s) { return (s + TPR - 1) / TPR * TPR; }
   static int64_t grid_x(const Problem& p, int) { return (p.M + THREADS / TPR * R - 1) / (THREADS / TPR * R); }
@@ -42,6 +43,7 @@ struct Transposed {
   static constexpr int kSlices = THREADS / CB;
   // K is cut into rows of W.
   static int64_t k_units(const Problem& p, int) { return p.K; }
+  static int64_t unit_elems(int) { return 1; }
   static int64_t min_units_per_split() { return int64_t(kSlices) * U; }
   static int64_t round_span(int64_t s) { return (s + kSlices - 1) / kSlices * kSlices; }
   static int64_t grid_x(const Problem& p, int vw) {
@@ -81,9 +83,13 @@ int vec_width(bool vec) {
   return vec ? int(16 / sizeof(T)) : 1;
 }
 
-// Split plan for a family: the span (in K units) each split covers and how many splits exist.
+// Split plan for a family: how many splits, and the span (in the K units of the variant that runs)
+// each covers. The count depends on sizes only, never on pointer alignment, so workspace_bytes()
+// computed for a plan matches every launch of it; the scalar variant scales the span to its
+// element units. The last split always runs to the end of K (kernels clamp it).
 template <typename Fam>
-void plan_splits(const Problem& p, int vw, int requested, int64_t* span, int* splits) {
+void plan_splits(const Problem& p, bool vec, int requested, int64_t* span, int* splits) {
+  const int vw = int(16 / dtype_size(p.dtype));
   const int64_t units = Fam::k_units(p, vw);
   int s = std::max(requested, 1);
   // Each split must get at least one full unrolled step of every lane.
@@ -92,7 +98,7 @@ void plan_splits(const Problem& p, int vw, int requested, int64_t* span, int* sp
   if (s > 65535) s = 65535;
   int64_t sp = Fam::round_span((units + s - 1) / s);
   if (sp == 0) sp = Fam::round_span(1);
-  *span = sp;
+  *span = vec ? sp : sp * Fam::unit_elems(vw);
   *splits = s;
 }
 
@@ -141,7 +147,7 @@ Status run_typed(const Problem& p, int requested_splits, void* ws, std::size_t w
   const int vw = vec_width<T>(vec);
   Args a = make_args(p);
   int splits;
-  plan_splits<Fam>(p, vw, requested_splits, &a.split_span, &splits);
+  plan_splits<Fam>(p, vec, requested_splits, &a.split_span, &splits);
   a.splits = splits;
   a.ws = static_cast<float*>(ws);
   if (splits > 1) {
@@ -183,14 +189,9 @@ Status run(const Problem& p, int splits, void* ws, std::size_t ws_size, cudaStre
 
 template <typename Fam>
 int splits_for(const Problem& p, int splits) {
-  int vw = 1;
-  switch (p.dtype) {
-    case DType::kFloat32: vw = vec_width<float>(vector_ok(p)); break;
-    default: vw = vec_width<__half>(vector_ok(p)); break;
-  }
   int64_t span;
   int s;
-  plan_splits<Fam>(p, vw, splits, &span, &s);
+  plan_splits<Fam>(p, true, splits, &span, &s);
   return s;
 }
 

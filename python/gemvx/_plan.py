@@ -142,24 +142,52 @@ def matrix_layout(rows: int, cols: int, s_r: int, s_c: int, transpose: bool) -> 
     return None
 
 
+def _collapse(dims: list[tuple[int, int]]) -> int | None:
+    """One stride for consecutive (size, stride) dims that index like a single dim, else None."""
+    dims = [(n, st) for n, st in dims if n > 1]
+    for i, (_n, st) in enumerate(dims):
+        if st < 0 or (i + 1 < len(dims) and st != dims[i + 1][1] * dims[i + 1][0]):
+            return None
+    return dims[-1][1] if dims else 0
+
+
+def _elem_strides(a: Any) -> tuple[int, ...]:
+    return tuple(s // a.itemsize for s in a.strides)
+
+
 def w_strides(W: Any, transpose: bool) -> tuple[bool, int, int] | None:
     """(kernel_trans, ldw, w_group) for W as stored, or None when W must be copied to C order.
 
     The matrix must be row- or column-major (any leading dimension); the batch dims of size > 1
     must collapse into one stride (0 for a broadcast W).
     """
-    es = _elem_strides(W)
     rows, cols = int(W.shape[-2]), int(W.shape[-1])
     if W.size == 0:
         return transpose, max(cols, 1), 0
+    es = _elem_strides(W)
     lay = matrix_layout(rows, cols, es[-2], es[-1], transpose)
-    if lay is None:
+    group = _collapse(list(zip((int(n) for n in W.shape[:-2]), es[:-2])))
+    if lay is None or group is None:
         return None
-    batch = [(int(n), s) for n, s in zip(W.shape[:-2], es[:-2]) if n > 1]
-    for i, (n, s) in enumerate(batch):
-        if s < 0 or (i + 1 < len(batch) and s != batch[i + 1][1] * batch[i + 1][0]):
-            return None
-    return lay[0], lay[1], (batch[-1][1] if batch else 0)
+    return lay[0], lay[1], group
+
+
+def x_strides(x: Any, plan: ShapePlan) -> tuple[int, int] | None:
+    """(x_group, x_vec) element strides of x broadcast to the plan's (groups, nvec, K) view, or
+    None when that view needs a copy (K not unit-stride, dims that do not collapse)."""
+    if plan.K > 1 and x.strides[-1] != x.itemsize:
+        return None
+    n = len(plan.batch)
+    es = _elem_strides(x)[:-1]
+    shape = tuple(int(d) for d in x.shape[:-1])
+    pad = n - len(shape)
+    # the stride of each result batch dim as seen through the broadcast x (0 where x is broadcast)
+    bstride = [0] * pad + [0 if d == 1 else st for d, st in zip(shape, es)]
+    g = _collapse([(plan.batch[i], bstride[i]) for i in plan.g_dims])
+    v = _collapse([(plan.batch[i], bstride[i]) for i in plan.v_dims])
+    if g is None or v is None:
+        return None
+    return g, v
 
 
 def kernel_layout(W: Any, transpose: bool) -> str:
@@ -169,73 +197,74 @@ def kernel_layout(W: Any, transpose: bool) -> str:
     return "T" if trans else "N"
 
 
-def _elem_strides(a: Any) -> tuple[int, ...]:
-    return tuple(s // a.itemsize for s in a.strides)
-
-
 def _ptr(a: Any) -> int:
+    if a is None or a.size == 0:
+        return 0
     if isinstance(a, np.ndarray):
         return int(a.ctypes.data)
     return int(a.data.ptr)
 
 
-@dataclass
-class Prepared:
-    """A Problem ready to run, the arrays it points into, and how to finish the result."""
-
-    problem: Any
-    layout: str  # "N" or "T": the kernel layout that will run
-    keep: tuple  # arrays the problem points into (kept alive until the launch is queued)
-    finish: Callable[[], Any]
-
-
-def prepare(xp: Any, W: Any, x: Any, out: Any, alpha: float, beta: float, transpose: bool,
-            plan: ShapePlan, dtype: str) -> Prepared:
-    """Build the core Problem for arrays of module ``xp`` (numpy or cupy).
-
-    ``out`` (or None) is the result array; when beta != 0 it is also read as y_in.
-    """
+def make_problem(plan: ShapePlan, dtype: str, w: tuple[bool, int, int], xs: tuple[int, int]) -> Any:
+    """The core's Problem for a plan: sizes and strides only (pointers come with each call).
+    y and y_in are (groups, nvec, M) C-contiguous."""
     M, K, G, V = plan.M, plan.K, plan.groups, plan.nvec
     p = _ext.Problem()
     p.dtype = DTYPE_CODES[dtype]
     p.M, p.K, p.groups, p.nvec = M, K, G, V
-    p.alpha, p.beta = alpha, beta
-
-    # W: pointer and strides as stored; copied to C order only when they do not fit.
-    lay = w_strides(W, transpose)
-    if lay is None:
-        W = xp.ascontiguousarray(W)
-        lay = w_strides(W, transpose)
-    p.trans, p.ldw, p.w_group = lay
-    p.W = _ptr(W) if W.size else 0
-
-    # x as (G, V, K) with unit stride along K (x is small: copies here are cheap).
-    xw = xp.broadcast_to(x, plan.batch + (K,)).transpose(plan.x_axes()).reshape((G, V, K))
-    if K > 1 and xw.strides[2] != xw.itemsize or any(s < 0 for s in xw.strides):
-        xw = xp.ascontiguousarray(xw)
-    xs = _elem_strides(xw)
-    p.x = _ptr(xw) if xw.size else 0
+    p.trans, p.ldw, p.w_group = w
     p.x_group, p.x_vec = (xs[0] if G > 1 else 0), (xs[1] if V > 1 else 0)
+    p.y_group = p.y_in_group = V * M if G > 1 else 0
+    p.y_vec = p.y_in_vec = M if V > 1 else 0
+    return p
 
-    # y as (G, V, M), contiguous.
+
+@dataclass
+class Prepared:
+    """A Problem ready to run, its operand pointers, the arrays they point into, and how to
+    finish the result. ``direct`` means no operand was copied or reordered: the same Problem
+    serves any later call with arrays of the same shapes, strides and dtypes."""
+
+    problem: Any
+    layout: str  # "N" or "T": the kernel layout that will run
+    ptrs: tuple[int, int, int, int]  # W, x, y, y_in
+    keep: tuple  # arrays the pointers point into (kept alive until the launch is queued)
+    finish: Callable[[], Any]
+    direct: bool
+
+
+def prepare(xp: Any, W: Any, x: Any, out: Any, beta: float, transpose: bool,
+            plan: ShapePlan, dtype: str) -> Prepared:
+    """Plan the core call for arrays of module ``xp`` (numpy or cupy), copying only what the
+    kernels cannot address: W with strides that fit neither layout, x views that do not collapse
+    to (groups, nvec, K), and the small result when the batch order must be permuted.
+
+    ``out`` (or None) is the result array; when beta != 0 it is also read as y_in.
+    """
+    M, G, V = plan.M, plan.groups, plan.nvec
+    direct = not plan.reorder
+    w = w_strides(W, transpose)
+    if w is None:
+        W = xp.ascontiguousarray(W)
+        w = w_strides(W, transpose)
+        direct = False
+    xs = x_strides(x, plan)
+    if xs is None:
+        x = xp.ascontiguousarray(
+            xp.broadcast_to(x, plan.batch + (plan.K,)).transpose(plan.x_axes()).reshape((G, V, plan.K)))
+        xs = (V * plan.K, plan.K)
+        direct = False
+    p = make_problem(plan, dtype, w, xs)
+
     y_in = None
     if out is not None and not plan.reorder:
-        yw = out.reshape((G, V, M))
+        yw = out
         if beta != 0.0:
-            y_in = yw
+            y_in = out
     else:
         yw = xp.empty((G, V, M), dtype=x.dtype)
         if beta != 0.0:
-            y_in = xp.ascontiguousarray(
-                out.transpose(plan.x_axes()).reshape((G, V, M))
-            )
-    ys = _elem_strides(yw)
-    p.y = _ptr(yw)
-    p.y_group, p.y_vec = (ys[0] if G > 1 else 0), (ys[1] if V > 1 else 0)
-    if y_in is not None:
-        yis = _elem_strides(y_in)
-        p.y_in = _ptr(y_in)
-        p.y_in_group, p.y_in_vec = (yis[0] if G > 1 else 0), (yis[1] if V > 1 else 0)
+            y_in = xp.ascontiguousarray(out.transpose(plan.x_axes()).reshape((G, V, M)))
 
     def finish() -> Any:
         if not plan.reorder:
@@ -246,7 +275,8 @@ def prepare(xp: Any, W: Any, x: Any, out: Any, alpha: float, beta: float, transp
         out[...] = back
         return out
 
-    return Prepared(p, "T" if p.trans else "N", (W, xw, yw, y_in), finish)
+    ptrs = (_ptr(W), _ptr(x), _ptr(yw), _ptr(y_in))
+    return Prepared(p, "T" if p.trans else "N", ptrs, (W, x, yw, y_in), finish, direct)
 
 
 def check_call(W: Any, x: Any, out: Any, alpha: Any, beta: Any, transpose: Any) -> tuple[str, ShapePlan, float, float]:

@@ -1,8 +1,15 @@
-"""The CuPy door: ``cupy_gemv``. Checks arguments, picks the config, launches on CuPy's stream."""
+"""The CuPy door: ``cupy_gemv``. Checks arguments, picks the config, launches on CuPy's stream.
+
+Calls repeat: a decode loop calls the same shapes thousands of times. The first call with a
+given (shapes, strides, dtypes, transpose, config, beta != 0, device) does every check and the
+planning; when nothing had to be copied or reordered, the plan (the core's Problem, config,
+splits, workspace size) is cached, and later calls with the same key only read pointers,
+allocate the result and launch.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -11,14 +18,34 @@ from ._core import _ext, device_properties, raise_for_status
 from ._plan import check_call, kernel_layout, prepare
 
 _KDL_CUDA = (2, 13)  # DLPack device types: CUDA, CUDA managed
+_cp: Any = None
 
 
-def _cupy():
-    try:
-        import cupy
-    except ImportError as exc:
-        raise ImportError("gemvx.cupy_gemv needs CuPy (pip install cupy-cuda13x)") from exc
-    return cupy
+class _Cached(NamedTuple):
+    problem: Any
+    config: int
+    splits: int
+    ws_bytes: int
+    out_shape: tuple[int, ...]
+
+
+_CACHE: dict[tuple, _Cached] = {}
+_CACHE_MAX = 4096
+
+
+def _cupy() -> Any:
+    global _cp
+    if _cp is None:
+        try:
+            import cupy
+        except ImportError as exc:
+            raise ImportError("gemvx.cupy_gemv needs CuPy (pip install cupy-cuda13x)") from exc
+        try:  # registers bfloat16 with NumPy, which CuPy then supports
+            import ml_dtypes  # noqa: F401
+        except ImportError:
+            pass
+        _cp = cupy
+    return _cp
 
 
 def _as_device_array(cp: Any, a: Any, name: str) -> Any:
@@ -35,6 +62,15 @@ def _as_device_array(cp: Any, a: Any, name: str) -> Any:
             raise ValueError(f"gemvx: {name} lives on a host device (DLPack device {tuple(dev)}); expected a CUDA device array")
         return cp.from_dlpack(a)
     raise TypeError(f"gemvx: {name} must be a CUDA array (cupy.ndarray, __cuda_array_interface__ or DLPack); got {type(a).__name__}")
+
+
+def _launch(cp: Any, c: _Cached, W: Any, x: Any, y: Any, y_in: Any, alpha: float, beta: float) -> None:
+    ws = cp.empty(c.ws_bytes, dtype=cp.uint8) if c.ws_bytes else None
+    status = _ext.launch(c.problem, W, x, y, y_in, alpha, beta, c.config, c.splits,
+                         ws.data.ptr if ws is not None else 0, c.ws_bytes,
+                         cp.cuda.get_current_stream().ptr)
+    if status[0]:
+        raise_for_status(status, "cupy_gemv")
 
 
 def cupy_gemv(W: Any, x: Any, out: Any = None, *, alpha: float = 1.0, beta: float = 0.0,
@@ -68,12 +104,36 @@ def cupy_gemv(W: Any, x: Any, out: Any = None, *, alpha: float = 1.0, beta: floa
     Runs on ``cupy.cuda.get_current_stream()`` of the arrays' device. Raises TypeError for
     dtypes, ValueError for shapes, devices, ``out`` and ``config``; nothing is launched then.
     """
-    cp = _cupy()
+    cp = _cp or _cupy()
+    nd = cp.ndarray
+    # Fast path: a plan cached for exactly these shapes, strides and dtypes, on the current device.
+    if type(W) is nd and type(x) is nd and (out is None or type(out) is nd) \
+            and type(alpha) in (float, int) and type(beta) in (float, int) and type(transpose) is bool:
+        dev = W.data.device_id
+        key = (W.shape, W.strides, W.dtype, x.shape, x.strides, x.dtype,
+               None if out is None else (out.shape, out.strides, out.dtype),
+               transpose, config, beta != 0, dev)
+        try:
+            c = _CACHE.get(key)
+        except TypeError:  # an unhashable config: the checked path reports it
+            c = key = None
+        if c is not None and x.data.device_id == dev and (out is None or out.data.device_id == dev) \
+                and cp.cuda.runtime.getDevice() == dev:
+            y = out if out is not None else cp.empty(c.out_shape, dtype=W.dtype)
+            yp = y.data.ptr
+            _launch(cp, c, W.data.ptr, x.data.ptr, yp, yp if beta else 0, float(alpha), float(beta))
+            return y
+    else:
+        key = None
+    return _cupy_gemv_checked(cp, W, x, out, alpha, beta, transpose, config, key)
+
+
+def _cupy_gemv_checked(cp: Any, W: Any, x: Any, out: Any, alpha: Any, beta: Any, transpose: Any,
+                       config: Any, key: tuple | None) -> Any:
     W = _as_device_array(cp, W, "W")
     x = _as_device_array(cp, x, "x")
-    if out is not None:
-        if not isinstance(out, cp.ndarray):
-            raise ValueError(f"gemvx: out must be a cupy.ndarray; got {type(out).__name__}")
+    if out is not None and not isinstance(out, cp.ndarray):
+        raise ValueError(f"gemvx: out must be a cupy.ndarray; got {type(out).__name__}")
     dtype, plan, alpha_f, beta_f = check_call(W, x, out, alpha, beta, transpose)
     dev = W.device.id
     for name, a in (("x", x), ("out", out)):
@@ -84,7 +144,7 @@ def cupy_gemv(W: Any, x: Any, out: Any = None, *, alpha: float = 1.0, beta: floa
     with cp.cuda.Device(dev):
         if plan.empty:
             return out if out is not None else cp.empty(plan.out_shape, dtype=W.dtype)
-        prep = prepare(cp, W, x, out, alpha_f, beta_f, bool(transpose), plan, dtype)
+        prep = prepare(cp, W, x, out, beta_f, bool(transpose), plan, dtype)
         if config is None:
             props = device_properties(dev)
             cid, splits = _table.select(
@@ -92,10 +152,11 @@ def cupy_gemv(W: Any, x: Any, out: Any = None, *, alpha: float = 1.0, beta: floa
                 dtype, prep.layout, plan.nvec, plan.M, plan.K)
         else:
             cid, splits = config
-        ws_bytes = _ext.workspace_bytes(prep.problem, cid, splits)
-        ws = cp.empty(ws_bytes, dtype=cp.uint8) if ws_bytes else None
-        stream = cp.cuda.get_current_stream()
-        status = _ext.launch(prep.problem, cid, splits, ws.data.ptr if ws is not None else 0,
-                             ws_bytes, stream.ptr)
-        raise_for_status(status, "cupy_gemv")
+        c = _Cached(prep.problem, cid, splits, _ext.workspace_bytes(prep.problem, cid, splits),
+                    plan.out_shape)
+        _launch(cp, c, *prep.ptrs, alpha_f, beta_f)
+        if prep.direct and key is not None:
+            if len(_CACHE) >= _CACHE_MAX:
+                _CACHE.clear()
+            _CACHE[key] = c
         return prep.finish()

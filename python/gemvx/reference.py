@@ -25,8 +25,8 @@ def gemv_reference(W: np.ndarray, x: np.ndarray, out: np.ndarray | None = None, 
     dtype, plan, alpha_f, beta_f = check_call(W, x, out, alpha, beta, transpose)
     if plan.empty:
         return out if out is not None else np.empty(plan.out_shape, dtype=W.dtype)
-    prep = prepare(np, W, x, out, alpha_f, beta_f, bool(transpose), plan, dtype)
-    raise_for_status(_ext.reference(prep.problem), "gemv_reference")
+    prep = prepare(np, W, x, out, beta_f, bool(transpose), plan, dtype)
+    raise_for_status(_ext.reference(prep.problem, *prep.ptrs, alpha_f, beta_f), "gemv_reference")
     return prep.finish()
 
 

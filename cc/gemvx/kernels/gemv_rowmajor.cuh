@@ -48,7 +48,7 @@ __global__ void __launch_bounds__(THREADS) gemv_rowmajor(const Args a) {
 
   const int64_t nchunk = a.K / VW;
   const int64_t c_begin = min(int64_t(split) * a.split_span, nchunk);
-  const int64_t c_end = min(c_begin + a.split_span, nchunk);
+  const int64_t c_end = split == a.splits - 1 ? nchunk : min(c_begin + a.split_span, nchunk);
 
   float acc[R][NV];
 #pragma unroll
