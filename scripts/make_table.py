@@ -1,5 +1,9 @@
 """Write a table file from sweep results (scripts/sweep.py --json): the best (config, splits)
-per measured point. Usage: python scripts/make_table.py OUT.json --arch sm_90 SWEEP.json [...]"""
+per measured point. Usage: python scripts/make_table.py OUT.json --arch sm_90 SWEEP.json [...]
+
+Within one sweep file the fastest (config, splits) of a point wins. Across files, a later file
+replaces an earlier one for the points it measured: timings from different runs (machines,
+clocks) are not compared with each other."""
 
 from __future__ import annotations
 
@@ -17,12 +21,14 @@ def main() -> None:
     args = ap.parse_args()
     best: dict[tuple, tuple[float, int, int]] = {}
     for path in args.sweeps:
+        in_file: dict[tuple, tuple[float, int, int]] = {}
         for r in json.load(open(path)):
             key = (r["dtype"], r["layout"], r.get("nvec", 1), r["M"], r["K"])
             for cs, t in r["configs"].items():
                 cid, splits = (int(v) for v in cs.split("/"))
-                if key not in best or t < best[key][0]:
-                    best[key] = (t, cid, splits)
+                if key not in in_file or t < in_file[key][0]:
+                    in_file[key] = (t, cid, splits)
+        best.update(in_file)
     entries = [
         {"dtype": d, "layout": lay, "batch": b, "M": M, "K": K, "config": c, "splits": s, "us": round(t, 2)}
         for (d, lay, b, M, K), (t, c, s) in sorted(best.items())

@@ -32,6 +32,10 @@
   X(12, RowMajor, 256, 32, 1, 2, 4)           \
   X(13, RowMajor, 256, 32, 1, 1, 16)          \
   X(14, RowMajor, 128, 8, 1, 1, 16)           \
+  X(15, RowMajor, 64, 32, 1, 4, 1)            \
+  X(16, RowMajor, 64, 64, 1, 4, 1)            \
+  X(17, RowMajor, 128, 32, 1, 8, 1)           \
+  X(18, RowMajor, 128, 128, 1, 4, 1)          \
   X(20, Transposed, 256, 32, 1, 4, 1)         \
   X(21, Transposed, 256, 64, 1, 4, 1)         \
   X(22, Transposed, 128, 32, 1, 8, 1)         \

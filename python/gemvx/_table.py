@@ -145,7 +145,7 @@ def fallback_rules(layout: str, dtype: str, batch: int, M: int, K: int, sm_count
 
     Row-major (N), from sweeps on sm_90: short rows (K up to 1024 16-byte chunks per 8 lanes)
     want 8-16 lanes per row so each lane still has several loads; long rows want 32 lanes per
-    row while that leaves >= 3 blocks per SM, else 128 lanes (two rows per block), else 256
+    row while that leaves >= 3 blocks per SM, else 128 lanes (one row per block), else 256
     lanes and split-K. Batches of vectors take the multi-vector configs. Transposed (T): 32
     threads span 16 bytes of columns each and the other threads of the block split K: 8 threads
     across M (32-way K split inside the block) while M is narrow, 32 once it is wide.
@@ -168,8 +168,8 @@ def fallback_rules(layout: str, dtype: str, batch: int, M: int, K: int, sm_count
             cid = 3
         elif M // 8 >= 3 * sm_count and chunks <= 1024:
             cid = 4
-        elif M // 2 >= sm_count:
-            cid = 9
+        elif M >= sm_count:
+            cid = 18  # one row per 128-thread block
         else:
             cid = 10
         c = cfgs[cid]
