@@ -103,6 +103,7 @@ NB_MODULE(_ext, m) {
       nb::dict d;
       d["id"] = list[i].id;
       d["layout"] = list[i].trans ? "T" : "N";
+      d["pipelined"] = list[i].pipelined;
       d["threads"] = list[i].threads;
       d["p1"] = list[i].p1;
       d["p2"] = list[i].p2;

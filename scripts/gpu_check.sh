@@ -2,7 +2,7 @@
 # Build + GPU tests + compute-sanitizer + quick benchmark, in one run on the GPU machine.
 #   bash scripts/gpu_check.sh [OUT_DIR]      (default: $OUT, else ./gpu_check_out)
 # Builds for sm_90 only (GEMVX_CUDA_ARCHS overrides) with the machine's own python3 packages.
-# Writes build.log, gpu_tests.log, memcheck.log, racecheck.log, bench.log, bench.json to OUT_DIR.
+# Writes build.log, gpu_tests.log, sass.log, memcheck.log, racecheck.log, bench.log, bench.json.
 # GEMVX_SKIP_BENCH=1 skips the benchmark. Exit status is non-zero if any step failed.
 set -uo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
@@ -23,6 +23,9 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$OUTD
 cd /tmp || exit 1
 step "GPU tests"
 $PY -m pytest -q -p no:cacheprovider -rs "$REPO/tests" 2>&1 | tee "$OUTDIR/gpu_tests.log" | tail -15 || fail=1
+
+step "SASS check (128-bit stream loads, loads ahead of math)"
+$PY "$REPO/scripts/check_sass.py" 2>&1 | tee "$OUTDIR/sass.log" | tail -3 || fail=1
 
 step "compute-sanitizer memcheck"
 compute-sanitizer --tool memcheck --error-exitcode 99 $PY "$REPO/scripts/sanitize_cases.py" >"$OUTDIR/memcheck.log" 2>&1 || fail=1

@@ -7,6 +7,8 @@
 // Families:
 //   RowMajor   (layout N, W is (M, K) row-major): P1 = threads per row (lanes that split K and
 //              meet in a shuffle/shared-memory reduction), P2 = rows per thread.
+//   RowMajorPipelined: the same, with the next step's loads issued before the current step's
+//              math (more registers, loads always ahead); wins on many fp32 and small shapes.
 //   Transposed (layout T, W stored (K, M) row-major): P1 = threads along M (each owns 16 bytes of
 //              consecutive outputs), P2 = 1; THREADS / P1 threads split K inside the block.
 // UNROLL = independent 16-byte loads per thread in flight (per row); NV = vectors handled per
@@ -45,4 +47,13 @@
   X(26, Transposed, 256, 32, 1, 1, 16)        \
   X(27, Transposed, 512, 16, 1, 4, 1)         \
   X(28, Transposed, 256, 8, 1, 4, 1)          \
-  X(29, Transposed, 1024, 32, 1, 4, 1)
+  X(29, Transposed, 1024, 32, 1, 4, 1)        \
+  X(30, RowMajorPipelined, 256, 32, 1, 4, 1)  \
+  X(31, RowMajorPipelined, 256, 32, 2, 4, 1)  \
+  X(32, RowMajorPipelined, 64, 32, 1, 4, 1)   \
+  X(33, RowMajorPipelined, 64, 64, 1, 4, 1)   \
+  X(34, RowMajorPipelined, 128, 32, 1, 8, 1)  \
+  X(35, RowMajorPipelined, 128, 128, 1, 4, 1) \
+  X(36, RowMajorPipelined, 256, 256, 1, 8, 1) \
+  X(37, RowMajorPipelined, 128, 8, 1, 4, 1)   \
+  X(38, RowMajorPipelined, 256, 64, 1, 4, 1)

@@ -19,31 +19,35 @@ constexpr int64_t kMaxGridZ = 65535;
 
 // ----- config families: how a config maps onto a kernel and a grid ---------------------------
 
-template <int THREADS, int TPR, int R, int U, int NV>
-struct RowMajor {
+template <bool PIPE, int THREADS, int TPR, int R, int U, int NV>
+struct RowMajorFamily {
   static constexpr bool kTrans = false;
+  static constexpr bool kPipelined = PIPE;
   static constexpr int kThreads = THREADS, kNV = NV;
   // K is cut into 16-byte chunks (elements in the scalar variant).
   static int64_t k_units(const Problem& p, int vw) { return p.K / vw; }
-  static int64_t unit_elems(int vw) { return vw; }  // elements per K unit of the vector body
   static int64_t min_units_per_split() { return int64_t(TPR) * U; }
   static int64_t round_span(int64_t s) { return (s + TPR - 1) / TPR * TPR; }
   static int64_t grid_x(const Problem& p, int) { return (p.M + THREADS / TPR * R - 1) / (THREADS / TPR * R); }
   template <typename T, bool VEC>
   static void launch(dim3 grid, cudaStream_t s, const Args& a) {
-    kernels::gemv_rowmajor<T, THREADS, TPR, R, U, NV, VEC><<<grid, THREADS, 0, s>>>(a);
+    kernels::gemv_rowmajor<T, THREADS, TPR, R, U, NV, PIPE, VEC><<<grid, THREADS, 0, s>>>(a);
   }
 };
+template <int THREADS, int TPR, int R, int U, int NV>
+using RowMajor = RowMajorFamily<false, THREADS, TPR, R, U, NV>;
+template <int THREADS, int TPR, int R, int U, int NV>
+using RowMajorPipelined = RowMajorFamily<true, THREADS, TPR, R, U, NV>;
 
 template <int THREADS, int CB, int P2, int U, int NV>
 struct Transposed {
   static_assert(P2 == 1, "Transposed configs take P2 = 1");
   static constexpr bool kTrans = true;
+  static constexpr bool kPipelined = false;
   static constexpr int kThreads = THREADS, kNV = NV;
   static constexpr int kSlices = THREADS / CB;
   // K is cut into rows of W.
   static int64_t k_units(const Problem& p, int) { return p.K; }
-  static int64_t unit_elems(int) { return 1; }
   static int64_t min_units_per_split() { return int64_t(kSlices) * U; }
   static int64_t round_span(int64_t s) { return (s + kSlices - 1) / kSlices * kSlices; }
   static int64_t grid_x(const Problem& p, int vw) {
@@ -57,7 +61,7 @@ struct Transposed {
 };
 
 #define GEMVX_INFO(id, fam, th, p1, p2, u, nv) \
-  ConfigInfo{id, fam<th, p1, p2, u, nv>::kTrans, th, p1, p2, u, nv},
+  ConfigInfo{id, fam<th, p1, p2, u, nv>::kTrans, fam<th, p1, p2, u, nv>::kPipelined, th, p1, p2, u, nv},
 constexpr ConfigInfo kConfigs[] = {GEMVX_CONFIGS(GEMVX_INFO)};
 #undef GEMVX_INFO
 constexpr int kNumConfigs = int(sizeof(kConfigs) / sizeof(kConfigs[0]));
@@ -85,8 +89,8 @@ int vec_width(bool vec) {
 
 // Split plan for a family: how many splits, and the span (in the K units of the variant that runs)
 // each covers. The count depends on sizes only, never on pointer alignment, so workspace_bytes()
-// computed for a plan matches every launch of it; the scalar variant scales the span to its
-// element units. The last split always runs to the end of K (kernels clamp it).
+// computed for a plan matches every launch of it; the span is then cut from the units of the
+// variant that runs (16-byte chunks or elements), so the splits always cover all of K.
 template <typename Fam>
 void plan_splits(const Problem& p, bool vec, int requested, int64_t* span, int* splits) {
   const int vw = int(16 / dtype_size(p.dtype));
@@ -96,9 +100,9 @@ void plan_splits(const Problem& p, bool vec, int requested, int64_t* span, int* 
   const int64_t max_useful = std::max<int64_t>(1, units / Fam::min_units_per_split());
   if (s > max_useful) s = int(max_useful);
   if (s > 65535) s = 65535;
-  int64_t sp = Fam::round_span((units + s - 1) / s);
-  if (sp == 0) sp = Fam::round_span(1);
-  *span = vec ? sp : sp * Fam::unit_elems(vw);
+  const int64_t run_units = Fam::k_units(p, vec ? vw : 1);
+  const int64_t sp = Fam::round_span((run_units + s - 1) / s);
+  *span = sp > 0 ? sp : Fam::round_span(1);
   *splits = s;
 }
 

@@ -12,7 +12,8 @@ namespace gemvx {
 // One compiled config, as listed in configs.h.
 struct ConfigInfo {
   int id;
-  bool trans;       // false: RowMajor family (layout N); true: Transposed family (layout T)
+  bool trans;       // false: RowMajor families (layout N); true: Transposed family (layout T)
+  bool pipelined;   // loads software-pipelined one step ahead (RowMajorPipelined)
   int threads;
   int p1;           // RowMajor: threads per row; Transposed: threads along M
   int p2;           // RowMajor: rows per thread; Transposed: 1

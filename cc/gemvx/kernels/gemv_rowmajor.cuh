@@ -1,8 +1,10 @@
 // Layout N: W is (M, K) row-major, y[m] = dot(W[m, :], x).
 //
 // TPR lanes share a row and walk K in 16-byte chunks (lane l reads chunks l, l+TPR, ...), so a
-// warp's loads are contiguous. Each thread owns R rows and keeps UNROLL x R stream loads of W in
-// flight before the first FMA. Partial sums meet in a shuffle (and, for TPR > 32, one shared-memory
+// warp's loads are contiguous. Each thread owns R rows and issues UNROLL x R stream loads of W
+// per step. PIPE (single-vector configs) software-pipelines the steps in registers: the next
+// step's loads are issued before the current step's math, so they stay in flight whatever order
+// ptxas picks (without it, ptxas sometimes interleaves loads with math; scripts/check_sass.py). Partial sums meet in a shuffle (and, for TPR > 32, one shared-memory
 // step in fixed order, so results are bitwise reproducible). With split-K, blockIdx.y selects a
 // contiguous K range and the partial sums go to the workspace; finish.cuh adds them in order.
 #pragma once
@@ -12,7 +14,7 @@
 namespace gemvx {
 namespace kernels {
 
-template <typename T, int THREADS, int TPR, int R, int U, int NV, bool VEC>
+template <typename T, int THREADS, int TPR, int R, int U, int NV, bool PIPE, bool VEC>
 __global__ void __launch_bounds__(THREADS) gemv_rowmajor(const Args a) {
   static_assert(THREADS % TPR == 0 && (TPR & (TPR - 1)) == 0, "TPR must be a power of two");
   constexpr int VW = kVecWidth<T, VEC>;
@@ -48,7 +50,7 @@ __global__ void __launch_bounds__(THREADS) gemv_rowmajor(const Args a) {
 
   const int64_t nchunk = a.K / VW;
   const int64_t c_begin = min(int64_t(split) * a.split_span, nchunk);
-  const int64_t c_end = split == a.splits - 1 ? nchunk : min(c_begin + a.split_span, nchunk);
+  const int64_t c_end = min(c_begin + a.split_span, nchunk);
 
   float acc[R][NV];
 #pragma unroll
@@ -72,21 +74,55 @@ __global__ void __launch_bounds__(THREADS) gemv_rowmajor(const Args a) {
   };
 
   int64_t c = c_begin + lane;
-  for (; c + (U - 1) * TPR < c_end; c += U * TPR) {
-    Chunk w[U][R];
-    Chunk xc[U][NV];
+  if constexpr (PIPE && NV == 1) {
+    auto load_step = [&](Chunk (&w)[U][R], Chunk (&xc)[U][NV], int64_t c0) {
 #pragma unroll
-    for (int u = 0; u < U; ++u)
+      for (int u = 0; u < U; ++u)
 #pragma unroll
-      for (int j = 0; j < R; ++j)
-        w[u][j] = load_stream(reinterpret_cast<const Chunk*>(wrow[j]) + c + u * TPR);
+        for (int j = 0; j < R; ++j)
+          w[u][j] = load_stream(reinterpret_cast<const Chunk*>(wrow[j]) + c0 + u * TPR);
 #pragma unroll
-    for (int u = 0; u < U; ++u)
+      for (int u = 0; u < U; ++u)
+        xc[u][0] = load_keep(reinterpret_cast<const Chunk*>(xv[0]) + c0 + u * TPR);
+    };
+    if (c + (U - 1) * TPR < c_end) {
+      Chunk w[U][R];
+      Chunk xc[U][NV];
+      load_step(w, xc, c);
+#pragma unroll 1
+      for (c += U * TPR; c + (U - 1) * TPR < c_end; c += U * TPR) {
+        Chunk wn[U][R];
+        Chunk xn[U][NV];
+        load_step(wn, xn, c);
 #pragma unroll
-      for (int v = 0; v < NV; ++v)
-        xc[u][v] = load_keep(reinterpret_cast<const Chunk*>(xv[v]) + c + u * TPR);
+        for (int u = 0; u < U; ++u) fma_chunk(w[u], xc[u]);
 #pragma unroll
-    for (int u = 0; u < U; ++u) fma_chunk(w[u], xc[u]);
+        for (int u = 0; u < U; ++u) {
+#pragma unroll
+          for (int j = 0; j < R; ++j) w[u][j] = wn[u][j];
+          xc[u][0] = xn[u][0];
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) fma_chunk(w[u], xc[u]);
+    }
+  } else {
+    for (; c + (U - 1) * TPR < c_end; c += U * TPR) {
+      Chunk w[U][R];
+      Chunk xc[U][NV];
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int j = 0; j < R; ++j)
+          w[u][j] = load_stream(reinterpret_cast<const Chunk*>(wrow[j]) + c + u * TPR);
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int v = 0; v < NV; ++v)
+          xc[u][v] = load_keep(reinterpret_cast<const Chunk*>(xv[v]) + c + u * TPR);
+#pragma unroll
+      for (int u = 0; u < U; ++u) fma_chunk(w[u], xc[u]);
+    }
   }
   for (; c < c_end; c += TPR) {
     Chunk w[R];

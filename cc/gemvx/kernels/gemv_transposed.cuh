@@ -34,7 +34,7 @@ __global__ void __launch_bounds__(THREADS) gemv_transposed(const Args a) {
 
   const int64_t m0 = (int64_t(blockIdx.x) * CB + ct) * VW;
   const int64_t k_begin = min(int64_t(split) * a.split_span, a.K);
-  const int64_t k_end = split == a.splits - 1 ? a.K : min(k_begin + a.split_span, a.K);
+  const int64_t k_end = min(k_begin + a.split_span, a.K);
 
   float acc[NV][VW];
 #pragma unroll
