@@ -317,3 +317,16 @@ BATCH_CASES = [
     ((1,), (1,)),
     ((1, 1), (6,)),
 ]
+
+
+# Calls whose result is empty: nothing may be launched or read.
+EMPTY_CASES = {
+    # name: (W batch, M, K, x shape)
+    "M0": ((), 0, 7, (7,)),
+    "M0_batched_x": ((), 0, 7, (4, 7)),
+    "x_batch0": ((), 5, 7, (0, 7)),
+    "W_batch0": ((0,), 5, 7, (7,)),
+    "W_batch_2x0": ((2, 0), 5, 7, (7,)),
+    "x_batch0_vs_W_batch3": ((3,), 5, 7, (0, 1, 7)),
+    "M0_K0": ((), 0, 0, (0,)),
+}

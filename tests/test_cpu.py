@@ -23,6 +23,7 @@ import gemvx
 from gemvx import _plan, _table
 from gemvx._core import DTYPE_CODES, _ext, gpu_count
 from helpers import (
+    EMPTY_CASES,
     BATCH_CASES,
     DTYPES,
     MATRIX_VIEWS,
@@ -279,18 +280,6 @@ def test_reference_k_zero(dtype: str, transpose: bool, batch: tuple[int, ...],
     y = gemvx.gemv_reference(W, x, out, alpha=3.0, beta=-2.0, transpose=transpose)
     expect = (-2.0 * y_in.astype(np.float64)).astype(dt)  # exact: a power of two
     assert y is out and y.tobytes() == expect.tobytes()
-
-
-EMPTY_CASES = {
-    # name: (W batch, M, K, x shape)
-    "M0": ((), 0, 7, (7,)),
-    "M0_batched_x": ((), 0, 7, (4, 7)),
-    "x_batch0": ((), 5, 7, (0, 7)),
-    "W_batch0": ((0,), 5, 7, (7,)),
-    "W_batch_2x0": ((2, 0), 5, 7, (7,)),
-    "x_batch0_vs_W_batch3": ((3,), 5, 7, (0, 1, 7)),
-    "M0_K0": ((), 0, 0, (0,)),
-}
 
 
 @pytest.mark.parametrize("dtype,transpose,case", cases(DTYPES, BOOLS, EMPTY_CASES))

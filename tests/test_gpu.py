@@ -20,6 +20,7 @@ import gemvx
 from gemvx import _plan
 from gemvx._core import _ext
 from helpers import (
+    EMPTY_CASES,
     BATCH_CASES,
     DTYPES,
     MATRIX_VIEWS,
@@ -398,18 +399,6 @@ def test_k_zero(cp: Any, rng: np.random.Generator, dtype: str, transpose: bool,
     y = gemvx.cupy_gemv(W, x, out, alpha=2.0, beta=-2.0, transpose=transpose)
     expect = (-2.0 * y_in.astype(np.float64)).astype(dt)  # exact: a power of two
     assert y is out and cp.asnumpy(y).tobytes() == expect.tobytes()
-
-
-EMPTY_CASES = {
-    # name: (W batch, M, K, x shape)
-    "M0": ((), 0, 7, (7,)),
-    "M0_batched_x": ((), 0, 7, (4, 7)),
-    "x_batch0": ((), 5, 7, (0, 7)),
-    "W_batch0": ((0,), 5, 7, (7,)),
-    "W_batch_2x0": ((2, 0), 5, 7, (7,)),
-    "x_batch0_vs_W_batch3": ((3,), 5, 7, (0, 1, 7)),
-    "M0_K0": ((), 0, 0, (0,)),
-}
 
 
 @pytest.mark.parametrize("dtype,transpose,case", cases(DTYPES, BOOLS, EMPTY_CASES))

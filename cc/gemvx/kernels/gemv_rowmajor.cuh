@@ -107,6 +107,9 @@ __global__ void __launch_bounds__(THREADS) gemv_rowmajor(const Args a) {
       for (int u = 0; u < U; ++u) fma_chunk(w[u], xc[u]);
     }
   } else {
+    // The loads are written out here rather than through load_step: the shared lambda changes
+    // ptxas's schedule of several unpipelined kernels (checked by SASS diff), and this is the
+    // code the table was measured with.
     for (; c + (U - 1) * TPR < c_end; c += U * TPR) {
       Chunk w[U][R];
       Chunk xc[U][NV];
