@@ -729,3 +729,16 @@ def test_select_uses_table_then_rules(table_dir: Path) -> None:
         _table.fallback_rules("T", "float32", 1, 100, 100, 132)
     assert _table.select("sm_976", None, 132, "float16", "N", 1, 100, 100) == \
         _table.fallback_rules("N", "float16", 1, 100, 100, 132)
+
+
+@pytest.mark.skipif(gemvx.gpu_available(), reason="this machine has a GPU: the no-GPU path is not reachable")
+def test_launch_without_gpu_raises_no_gpu_error() -> None:
+    """Without a driver or device, a launch returns the no-device status (nothing is touched) and
+    the doors turn it into NoGPUError with a clear message."""
+    from gemvx import _core, _plan
+
+    plan = _plan.plan_shapes((64, 128), (128,), False)
+    p = _plan.make_problem(plan, "float16", (False, 128, 0), (0, 0))
+    status = _core._ext.launch(p, 4096, 4096, 4096, 0, 1.0, 0.0, 4, 1, 0, 0, 0)
+    with pytest.raises(gemvx.NoGPUError, match="no CUDA GPU is available"):
+        _core.raise_for_status(status, "launch")
