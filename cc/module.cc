@@ -10,6 +10,9 @@
 #include <string>
 
 #include "gemvx/launch.h"
+#ifdef GEMVX_WITH_JAX
+#include "ffi.h"
+#endif
 
 namespace nb = nanobind;
 using gemvx::Problem;
@@ -22,6 +25,9 @@ namespace {
 #endif
 #ifndef GEMVX_CUDA_ARCHS
 #define GEMVX_CUDA_ARCHS ""
+#endif
+#ifndef GEMVX_JAXLIB_VERSION
+#define GEMVX_JAXLIB_VERSION ""
 #endif
 
 std::tuple<int, int> to_tuple(Status s) { return {int(s.code), int(s.cuda_error)}; }
@@ -146,8 +152,19 @@ NB_MODULE(_ext, m) {
       },
       nb::arg("device"));
 
+  // XLA FFI handlers for jax.ffi.register_ffi_target (empty without JAX at build time).
+  m.def("ffi_handlers", []() {
+    nb::dict d;
+#ifdef GEMVX_WITH_JAX
+    d["CUDA"] = nb::capsule(gemvx::ffi_handler_cuda());
+    d["cpu"] = nb::capsule(gemvx::ffi_handler_cpu());
+#endif
+    return d;
+  });
+
   m.def("build_info", []() {
     nb::dict d;
+    d["jaxlib"] = GEMVX_JAXLIB_VERSION;
     d["version"] = GEMVX_VERSION;
     d["cuda_runtime"] = CUDART_VERSION;
     d["cuda_architectures"] = GEMVX_CUDA_ARCHS;

@@ -1,6 +1,7 @@
 """gemvx: fast matrix-vector multiply (GEMV) CUDA kernels for GPU Python.
 
 Doors:
+  * :func:`gemv_ffi` -- the JAX op: an XLA FFI custom call (jit, vmap, grad, export; CUDA and CPU).
   * :func:`cupy_gemv` -- the CuPy op (CUDA arrays in, CUDA arrays out, CuPy's current stream).
   * :func:`gemv_reference` -- the same operation on NumPy arrays through the C++ CPU reference.
 
@@ -20,6 +21,7 @@ from .reference import gemv_reference
 
 __all__ = [
     "__version__",
+    "gemv_ffi",
     "cupy_gemv",
     "gemv_reference",
     "configs",
@@ -27,6 +29,14 @@ __all__ = [
     "build_info",
     "NoGPUError",
 ]
+
+
+def gemv_ffi(W: Any, x: Any, y: Any = None, *, alpha: float = 1.0, beta: float = 0.0,
+             transpose: bool = False, config: int | tuple[int, int] | None = None) -> Any:
+    """The JAX door; see :func:`gemvx.jax_ops.gemv_ffi`. JAX is imported on first use."""
+    from .jax_ops import gemv_ffi as _gemv_ffi
+
+    return _gemv_ffi(W, x, y, alpha=alpha, beta=beta, transpose=transpose, config=config)
 
 
 def configs() -> list[dict[str, Any]]:

@@ -175,14 +175,27 @@ def w_strides(W: Any, transpose: bool) -> tuple[bool, int, int] | None:
 def x_strides(x: Any, plan: ShapePlan) -> tuple[int, int] | None:
     """(x_group, x_vec) element strides of x broadcast to the plan's (groups, nvec, K) view, or
     None when that view needs a copy (K not unit-stride, dims that do not collapse)."""
-    if plan.K > 1 and x.strides[-1] != x.itemsize:
+    return x_strides_of(tuple(int(d) for d in x.shape), _elem_strides(x), plan)
+
+
+def c_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Element strides of a C-contiguous array (the layout of every JAX array)."""
+    out, acc = [], 1
+    for d in reversed(shape):
+        out.append(acc)
+        acc *= max(int(d), 1)
+    return tuple(reversed(out))
+
+
+def x_strides_of(shape: tuple[int, ...], strides: tuple[int, ...], plan: ShapePlan) -> tuple[int, int] | None:
+    """:func:`x_strides` from a shape and element strides."""
+    if plan.K > 1 and strides[-1] != 1:
         return None
     n = len(plan.batch)
-    es = _elem_strides(x)[:-1]
-    shape = tuple(int(d) for d in x.shape[:-1])
-    pad = n - len(shape)
+    bshape, bstrides = shape[:-1], strides[:-1]
+    pad = n - len(bshape)
     # the stride of each result batch dim as seen through the broadcast x (0 where x is broadcast)
-    bstride = [0] * pad + [0 if d == 1 else st for d, st in zip(shape, es)]
+    bstride = [0] * pad + [0 if d == 1 else st for d, st in zip(bshape, bstrides)]
     g = _collapse([(plan.batch[i], bstride[i]) for i in plan.g_dims])
     v = _collapse([(plan.batch[i], bstride[i]) for i in plan.v_dims])
     if g is None or v is None:

@@ -1,0 +1,7 @@
+// The XLA FFI handlers of the JAX door (cc/ffi.cc), as opaque pointers for PyCapsules.
+#pragma once
+
+namespace gemvx {
+void* ffi_handler_cuda();
+void* ffi_handler_cpu();
+}  // namespace gemvx

@@ -1,0 +1,236 @@
+"""The JAX door: ``gemv_ffi``, an XLA FFI custom call with abstract eval, jit, vmap, grad, a CPU
+target and export.
+
+Structure (outermost first):
+  * ``jax.custom_vjp``: dx = alpha * op(W)^T g through the other layout of the same kernels (no
+    transposed copy of W), dW = alpha * outer(g, x) by XLA, dy = beta * g. alpha and beta are
+    static Python floats (not differentiated). Forward mode (jvp) is not supported: JAX does not
+    allow jvp of a custom_vjp function; use grad / vjp.
+  * ``jax.custom_batching.custom_vmap``: a vmapped axis becomes one more leading batch dim of the
+    same call, so vmap over x alone is one multi-vector call that reads W once, vmap over W and x
+    is a batch of independent GEMVs, and nested vmap nests the rule. Never a loop of calls.
+  * ``jax.ffi.ffi_call`` of target ``gemvx_gemv``, registered for "CUDA" (the kernels) and "cpu"
+    (the C++ reference). The config is chosen at trace time from the shared table and passed as
+    a static attribute, with the sizes and strides of the core Problem.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import numpy as np
+
+from . import _table
+from ._core import _ext, device_properties, gpu_count
+from ._plan import c_strides, check_dtypes, check_scalar, make_problem, plan_shapes, x_strides_of
+
+TARGET = "gemvx_gemv"
+
+
+def _version_tuple(v: str) -> tuple[int, ...]:
+    out = []
+    for part in v.split(".")[:3]:
+        digits = "".join(ch for ch in part if ch.isdigit())
+        out.append(int(digits) if digits else 0)
+    return tuple(out)
+
+
+def _check_jaxlib() -> None:
+    """The FFI handlers were compiled against one jaxlib's headers; an older jaxlib at run time
+    may not understand them (FFI API versions only grow), and would fail inside XLA on the GPU."""
+    import jaxlib
+
+    built = _ext.build_info().get("jaxlib", "")
+    if not built:
+        raise ImportError("gemvx was built without JAX (jax was not importable at build time); "
+                          "reinstall gemvx with jax installed to use gemv_ffi")
+    running = jaxlib.__version__
+    if _version_tuple(running) < _version_tuple(built):
+        raise ImportError(
+            f"gemvx: the JAX FFI handlers were built against jaxlib {built}, but jaxlib {running} is "
+            f"running; an older jaxlib may reject them. Upgrade jaxlib to >= {built} or rebuild gemvx "
+            f"against jaxlib {running}."
+        )
+
+
+_check_jaxlib()
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+from jax import custom_batching  # noqa: E402
+
+for _platform, _capsule in _ext.ffi_handlers().items():
+    jax.ffi.register_ffi_target(TARGET, _capsule, platform=_platform)
+
+
+@functools.lru_cache(maxsize=None)
+def _gpu() -> tuple[str, str | None, int]:
+    """(arch, device name, SM count) the table is asked about at trace time: the first CUDA GPU,
+    or the sm_90 table when tracing where there is none (e.g. exporting for CUDA from a CPU)."""
+    if gpu_count() > 0:
+        props = device_properties(0)
+        return f"sm_{props['major']}{props['minor']}", props["name"], props["sm_count"]
+    return "sm_90", None, 132
+
+
+def _lowered_call(W: Any, x: Any, y: Any, alpha: float, beta: float, transpose: bool,
+                  config: Any) -> Any:
+    """One ffi_call for arrays of any batch shape (the shapes are concrete at trace time)."""
+    dtype = np.dtype(W.dtype)
+    dname = dtype.name
+    plan = plan_shapes(W.shape, x.shape, transpose)
+    if plan.empty:
+        return y if y is not None else jnp.zeros(plan.out_shape, dtype)
+    M, K, G, V = plan.M, plan.K, plan.groups, plan.nvec
+    rows, cols = W.shape[-2:]
+    W3 = W.reshape((G, rows, cols))  # JAX arrays are C-contiguous: batch dims always collapse
+    xs = x_strides_of(tuple(x.shape), c_strides(tuple(x.shape)), plan)
+    if xs is None:
+        x = jnp.broadcast_to(x, plan.batch + (K,)).transpose(plan.x_axes()).reshape((G, V, K))
+        xs = (V * K, K)
+    p = make_problem(plan, dname, (transpose, max(cols, 1), rows * cols if G > 1 else 0), xs)
+    if config is None:
+        arch, name, sms = _gpu()
+        cid, splits = _table.select(arch, name, sms, dname, "T" if transpose else "N", V, M, K)
+    else:
+        cid, splits = config
+    ws_bytes = _ext.workspace_bytes(p, cid, splits)
+    if y is None:
+        y_in = jnp.zeros((0,), dtype)
+    else:
+        y_in = y.transpose(plan.x_axes()) if plan.reorder else y
+        y_in = y_in.reshape((G, V, M))
+    call = jax.ffi.ffi_call(
+        TARGET,
+        (jax.ShapeDtypeStruct((G, V, M), dtype), jax.ShapeDtypeStruct((max(ws_bytes, 1),), np.uint8)),
+        vmap_method="sequential",  # never reached: custom_vmap batches first
+        input_output_aliases={2: 0} if y is not None else None,
+    )
+    out, _ws = call(
+        W3, x, y_in,
+        trans=np.int32(transpose), M=np.int64(M), K=np.int64(K), groups=np.int64(G),
+        nvec=np.int64(V), ldw=np.int64(p.ldw), w_group=np.int64(p.w_group),
+        x_vec=np.int64(p.x_vec), x_group=np.int64(p.x_group), alpha=np.float32(alpha),
+        beta=np.float32(beta), config=np.int32(cid), splits=np.int32(splits),
+    )
+    if plan.reorder:
+        return out.reshape(plan.work_shape + (M,)).transpose(plan.result_axes()).reshape(plan.out_shape)
+    return out.reshape(plan.out_shape)
+
+
+def _lift(a: Any, batched: bool, core_nd: int, rank: int, n: int) -> Any:
+    """Put a vmapped axis (at 0) in front of ``n`` batch dims: unbatched arrays get a size-1
+    axis, and batch ranks shorter than n are padded with size-1 dims after it."""
+    if not batched:
+        a = a[None]
+    return a.reshape(a.shape[:1] + (1,) * (n - rank) + a.shape[1:])
+
+
+@functools.lru_cache(maxsize=None)
+def _core(alpha: float, beta: float, transpose: bool, config: Any, has_y: bool) -> Any:
+    @custom_batching.custom_vmap
+    def core(W, x, *y):
+        return _lowered_call(W, x, y[0] if has_y else None, alpha, beta, transpose, config)
+
+    @core.def_vmap
+    def _rule(axis_size, in_batched, W, x, *y):
+        wb, xb = in_batched[0], in_batched[1]
+        w_rank = W.ndim - 2 - int(wb)
+        x_rank = x.ndim - 1 - int(xb)
+        n = max(w_rank, x_rank)
+        args = [_lift(W, wb, 2, w_rank, n), _lift(x, xb, 1, x_rank, n)]
+        if has_y:
+            yy = y[0] if in_batched[2] else jnp.broadcast_to(y[0][None], (axis_size,) + y[0].shape)
+            args.append(yy)
+        return core(*args), True
+
+    return core
+
+
+def _unbroadcast(a: Any, shape: tuple[int, ...]) -> Any:
+    """Sum a broadcast result back to ``shape`` (the cotangent of a broadcast)."""
+    lead = a.ndim - len(shape)
+    axes = tuple(range(lead)) + tuple(
+        lead + i for i, d in enumerate(shape) if d == 1 and a.shape[lead + i] != 1)
+    if axes:
+        a = a.sum(axis=axes, keepdims=False)
+        a = a.reshape(shape)
+    return a
+
+
+@functools.lru_cache(maxsize=None)
+def _differentiable(alpha: float, beta: float, transpose: bool, config: Any, has_y: bool) -> Any:
+    core = _core(alpha, beta, transpose, config, has_y)
+
+    @jax.custom_vjp
+    def f(W, x, *y):
+        return core(W, x, *y)
+
+    def fwd(W, x, *y):
+        return core(W, x, *y), (W, x)
+
+    def bwd(res, g):
+        W, x = res
+        batch = g.shape[:-1]
+        # dx = alpha * op(W)^T g: the same kernels, other layout, no copy of W
+        dx = gemv_ffi(W, g, alpha=alpha, transpose=not transpose)
+        dx = _unbroadcast(dx, x.shape).astype(x.dtype)
+        xb = jnp.broadcast_to(x, batch + x.shape[-1:])
+        spec = "...k,...m->...km" if transpose else "...m,...k->...mk"
+        outer = jnp.einsum(spec, xb, g, preferred_element_type=jnp.float32) if transpose else \
+            jnp.einsum(spec, g, xb, preferred_element_type=jnp.float32)
+        dW = _unbroadcast(alpha * outer, W.shape).astype(W.dtype)
+        if has_y:
+            return dW, dx, (beta * g.astype(jnp.float32)).astype(g.dtype)
+        return dW, dx
+
+    f.defvjp(fwd, bwd)
+    return f
+
+
+def gemv_ffi(W: Any, x: Any, y: Any = None, *, alpha: float = 1.0, beta: float = 0.0,
+             transpose: bool = False, config: int | tuple[int, int] | None = None) -> Any:
+    """``alpha * op(W) @ x + beta * y`` as an XLA custom call (jit, vmap, grad, export).
+
+    Parameters
+    ----------
+    W : array (..., M, K), or (..., K, M) with ``transpose=True``; float32, float16 or bfloat16.
+    x : array (..., K) of W's dtype; batch dims broadcast against W's like ``numpy.matvec``.
+    y : array (..., M), optional. Read as y_in when ``beta != 0``; the result may reuse its buffer
+        (``input_output_aliases``), so a donated y is updated in place.
+    alpha, beta : float. Static (part of the compiled call, not differentiated).
+    transpose : bool. False: W is (M, K). True: W stored (K, M), y = W^T x (``x @ W``).
+    config : int or (int, int), optional. A compiled config id or (id, splits); None: the table
+        chooses at trace time for the first visible GPU (the sm_90 table when tracing without one).
+
+    Returns
+    -------
+    array (..., M) of W's dtype.
+
+    Raises TypeError for dtypes and ValueError for shapes, ``y`` and ``config`` at trace time,
+    with the wording of the CuPy door.
+    """
+    for name, a in (("W", W), ("x", x), ("y", y)):
+        if a is not None and not hasattr(a, "shape"):
+            raise TypeError(f"gemvx: {name} must be an array; got {type(a).__name__}")
+    if not isinstance(transpose, (bool, np.bool_)):
+        raise TypeError(f"gemvx: transpose must be a bool; got {type(transpose).__name__}")
+    transpose = bool(transpose)
+    dtype = check_dtypes(W, x)
+    alpha_f, beta_f = check_scalar(alpha, "alpha"), check_scalar(beta, "beta")
+    plan = plan_shapes(W.shape, x.shape, transpose)
+    if y is not None:
+        if tuple(y.shape) != plan.out_shape:
+            raise ValueError(f"gemvx: y has shape {tuple(y.shape)}; expected {plan.out_shape}")
+        if np.dtype(y.dtype).name != dtype:
+            raise ValueError(f"gemvx: y has dtype {np.dtype(y.dtype).name}; expected {dtype} (the dtype of W and x)")
+    elif beta_f != 0.0:
+        raise ValueError("gemvx: beta != 0 reads y_in from y=, but y is None")
+    if config is not None:
+        config = _table.resolve_config(config, "T" if transpose else "N")
+    if plan.empty or math.prod(plan.batch) == 0:
+        return y if y is not None else jnp.zeros(plan.out_shape, W.dtype)
+    f = _differentiable(alpha_f, beta_f, transpose, config, y is not None)
+    return f(W, x, y) if y is not None else f(W, x)
