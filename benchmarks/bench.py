@@ -371,6 +371,9 @@ def versions(cp) -> dict:
         out["ml_dtypes"] = ml_dtypes.__version__
     except Exception:
         pass
+    jax, _ = _jax_or_none()
+    if jax is not None:
+        out["jax"] = jax.__version__
     return out
 
 
@@ -631,6 +634,95 @@ def _free_pools() -> None:
 # Benchmark of one (dtype, shape)
 # =============================================================================================
 
+def _jax_or_none() -> tuple[Any, str]:
+    """JAX with a GPU backend (memory not preallocated, so CuPy and torch keep theirs)."""
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    try:
+        import jax
+    except Exception as exc:  # noqa: BLE001
+        return None, f"jax not importable ({_short(exc, 120)})"
+    if jax.default_backend() != "gpu":
+        return None, f"JAX backend is {jax.default_backend()}, not gpu"
+    return jax, ""
+
+
+def _to_jax(jax, cp, a):
+    """Share a CuPy array with JAX through DLPack (copy through the host if that fails)."""
+    try:
+        return jax.dlpack.from_dlpack(a)
+    except Exception:  # noqa: BLE001
+        return jax.numpy.asarray(cp.asnumpy(a))
+
+
+def time_jit(jax, op: Callable[[Any, Any], Any], Ws: list, xs: list, reps: int, runs: int) -> float:
+    """Per-call device time of ``op`` inside one jitted program (XLA's own scheduling and command
+    buffers): R calls, call i on W copy i % n and its own x, each call's operands behind an
+    optimization_barrier so XLA cannot merge dots that share a W copy (without it XLA turns dots
+    that share W into one product). Host wall time of the whole program (best of runs) at R and
+    2R calls; the slope removes the fixed dispatch cost."""
+    n = len(Ws)
+
+    def program(R: int):
+        def prog(Wl, xl):
+            outs = []
+            for i in range(R):
+                W, x = jax.lax.optimization_barrier((Wl[i % n], xl[i]))
+                outs.append(op(W, x))
+            return outs
+        return jax.jit(prog)
+
+    def wall(R: int) -> float:
+        f = program(R)
+        jax.block_until_ready(f(Ws, xs[:R]))  # compile and warm up
+        jax.block_until_ready(f(Ws, xs[:R]))
+        ts = []
+        for _ in range(runs):
+            t0 = time.perf_counter()
+            jax.block_until_ready(f(Ws, xs[:R]))
+            ts.append(time.perf_counter() - t0)
+        return min(ts)
+
+    return (wall(2 * reps) - wall(reps)) / reps * 1e6
+
+
+def run_jax(ctx: dict, rec: dict, dtype_name: str, Ws: list, xs: list, ref, tol: float,
+            reps: int, tr: bool) -> None:
+    """gemvx through the JAX door (gemv_ffi) and XLA's own jnp.dot, timed inside jit."""
+    cp = ctx["cp"]
+    jax, why = _jax_or_none() if not ctx["args"].no_jax else (None, "--no-jax")
+    if jax is None:
+        rec["impls"]["gemv_ffi"] = {"name": "gemv_ffi", "status": "n/a", "error": why}
+        rec["impls"]["xla"] = {"name": "jnp.dot", "status": "n/a", "error": why}
+        return
+    import gemvx
+    jnp = jax.numpy
+    K = xs[0].shape[0]
+    Wj = [_to_jax(jax, cp, w) for w in Ws]
+    rng = jax.random.split(jax.random.PRNGKey(ctx["args"].seed), 2 * reps)
+    xj = [jax.random.normal(k, (K,), jnp.float32).astype(Wj[0].dtype) for k in rng]
+    xj[0] = _to_jax(jax, cp, xs[0])
+    ops = {
+        "gemv_ffi": ("gemv_ffi (jit)", lambda W, x: gemvx.gemv_ffi(W, x, transpose=tr)),
+        "xla": ("jnp.dot (jit)", (lambda W, x: jnp.dot(x, W)) if tr else (lambda W, x: jnp.dot(W, x))),
+    }
+    runs = 15
+    for key, (name, op) in ops.items():
+        r: dict[str, Any] = {"name": name, "status": "ERR"}
+        try:
+            y = jax.jit(op)(Wj[0], xj[0])
+            err = rel_err(cp, cp.asarray(jax.device_get(y).astype("float32")), ref)
+            r["rel_err"] = err
+            if not err < tol:
+                r.update(status="FAIL", error=f"rel err {err:.2e} > {tol:.0e}")
+            else:
+                us = time_jit(jax, op, Wj, xj, reps, runs)
+                r.update(status="ok", jit={"us": us})
+        except Exception as exc:  # noqa: BLE001
+            r["error"] = _short(exc, 300)
+        rec["impls"][key] = r
+    del Wj, xj
+
+
 def bench_shape(ctx: dict, dtype_name: str, M: int, K: int) -> dict:
     import gemvx
     cp = ctx["cp"]
@@ -748,12 +840,19 @@ def bench_shape(ctx: dict, dtype_name: str, M: int, K: int) -> dict:
         rec["impls"]["triton"] = r
         del ytc, ytt
 
+    run_jax(ctx, rec, dtype_name, Ws, xs, ref, tol, reps, tr)
+
     for key, r in rec["impls"].items():
         _add_rates(r, call_bytes)
     g = rec["impls"]["gemvx"]
     if ctx.get("ceiling_gbps") and g.get("graph"):
         g["pct_ceiling"] = 100.0 * g["graph"]["gbps"] / ctx["ceiling_gbps"]
     rec["ratios"] = _ratios(rec["impls"])
+    ff, xla = rec["impls"].get("gemv_ffi", {}), rec["impls"].get("xla", {})
+    if ff.get("status") == "ok" and xla.get("status") == "ok":
+        rec["ratios"]["xla_vs_gemv_ffi"] = {"ratio": xla["jit"]["us"] / ff["jit"]["us"], "mode": "jit"}
+    if ff.get("status") == "ok" and g.get("graph"):
+        rec["ratios"]["gemv_ffi_vs_cupy"] = {"ratio": ff["jit"]["us"] / g["graph"]["us"], "mode": "jit"}
     log("   " + "  ".join(f"{k}={_cell_us(v)}" for k, v in rec["impls"].items()))
     del Wt, xt, Ws, xs, ref
     _free_pools()
@@ -761,7 +860,7 @@ def bench_shape(ctx: dict, dtype_name: str, M: int, K: int) -> dict:
 
 
 def _add_rates(r: dict, call_bytes: int) -> None:
-    for mode in ("graph", "eager"):
+    for mode in ("graph", "eager", "jit"):
         if r.get(mode):
             r[mode]["gbps"] = call_bytes / (r[mode]["us"] * 1e-6) / 1e9
 
@@ -899,7 +998,7 @@ def print_header(meta: dict) -> None:
     print(f"device : {d['name']}  sm_{d['cc'].replace('.', '')}  {d['sm_count']} SMs  "
           f"L2 {d['l2_bytes'] / 2**20:.0f} MiB  {d['mem_total'] / 2**30:.1f} GiB")
     print(f"CUDA   : driver {d['driver']}  runtime {d['runtime']} (CuPy's)")
-    libs = [f"{k} {v[k]}" for k in ("python", "numpy", "cupy", "torch", "triton", "ml_dtypes", "gemvx") if k in v]
+    libs = [f"{k} {v[k]}" for k in ("python", "numpy", "cupy", "torch", "triton", "jax", "ml_dtypes", "gemvx") if k in v]
     print("libs   : " + ", ".join(libs) + (f" (torch CUDA {v['torch_cuda']})" if v.get("torch_cuda") else ""))
     for k, note in meta.get("notes", {}).items():
         print(f"note   : {k}: {note}")
@@ -975,6 +1074,29 @@ def print_report(meta: dict, results: list[dict]) -> None:
           + " (cuBLAS under torch); triton = benchmarks/triton_gemv.py (autotuned).")
     print()
     print(_table(header, rows))
+    jrows = []
+    for rec in results:
+        if rec.get("error") or "gemv_ffi" not in rec.get("impls", {}):
+            continue
+        im, ra = rec["impls"], rec["ratios"]
+
+        def cell(r: dict) -> tuple[str, str]:
+            if r.get("status") != "ok":
+                return r.get("status", "-") if r.get("status") != "n/a" else "-", "-"
+            return _fmt_us(r["jit"]["us"]), f"{r['jit']['gbps']:.0f}"
+
+        jrows.append([rec["dtype"], f"{rec['M']}x{rec['K']}", *cell(im["gemv_ffi"]), *cell(im["xla"]),
+                      _cell_ratio(ra.get("xla_vs_gemv_ffi")).rstrip("e"),
+                      _cell_ratio(ra.get("gemv_ffi_vs_cupy")).rstrip("e")])
+    if jrows:
+        print()
+        print("JAX door: per-call time inside one jitted program (slope between R and 2R calls, best "
+              "of 15 runs each, removes the fixed dispatch cost).")
+        print("jnp.dot/gemv_ffi > 1: gemvx faster than XLA; gemv_ffi/cupy = jit time over the CuPy "
+              "door's graph-replayed time (same kernel).")
+        print()
+        print(_table(["dtype", "M x K", "gemv_ffi us", "GB/s", "jnp.dot us", "GB/s",
+                      "jnp.dot/gemv_ffi", "gemv_ffi/cupy"], jrows))
 
 
 def print_configs_report(meta: dict, results: list[dict]) -> None:
@@ -1067,6 +1189,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--ceiling-gib", type=float, default=1.0, help="read-ceiling buffer size in GiB (>= 1)")
     p.add_argument("--no-torch", action="store_true", help="skip the torch.mv peer (and Triton)")
     p.add_argument("--no-triton", action="store_true", help="skip the Triton peer")
+    p.add_argument("--no-jax", action="store_true", help="skip the JAX door (gemv_ffi) and XLA jnp.dot")
     p.add_argument("--seed", type=int, default=1234)
     a = p.parse_args(argv)
     if a.reps is not None and a.reps < 1:
