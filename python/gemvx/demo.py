@@ -59,8 +59,41 @@ def main() -> int:
         t_blas = _time_us(cp, (lambda: cp.matmul(x, W)) if tr else (lambda: cp.matmul(W, x.T)))
         print(f"{label:36s} {err:9.2e} {t_ours:9.2f} {t_blas:10.2f}  {'ok' if good else 'WRONG'}")
     print("(eager timings, data partly L2-resident; see benchmarks/ for the fair comparison)")
+    ok &= _jax_demo(tol)
     print("all results match the float64 reference" if ok else "SOME RESULTS ARE WRONG")
     return 0 if ok else 1
+
+
+def _jax_demo(tol: dict) -> bool:
+    """The JAX door, if JAX has a GPU backend: jit, vmap and grad through gemv_ffi."""
+    import os
+
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # leave memory to CuPy too
+    try:
+        import jax
+        import jax.numpy as jnp
+        import numpy as np
+    except ImportError:
+        print("JAX is not installed: skipping the JAX door.")
+        return True
+    if jax.default_backend() != "gpu":
+        print(f"JAX runs on {jax.default_backend()} here: skipping the JAX door on the GPU.")
+        return True
+    import gemvx
+
+    key = jax.random.PRNGKey(0)
+    W = jax.random.normal(key, (4096, 4096), jnp.float32).astype(jnp.float16)
+    xs = jax.random.normal(jax.random.PRNGKey(1), (8, 4096), jnp.float32).astype(jnp.float16)
+    ys = jax.jit(jax.vmap(lambda x: gemvx.gemv_ffi(W, x)))(xs)
+    ref = np.asarray(xs, np.float64) @ np.asarray(W, np.float64).T
+    err = float(np.linalg.norm(np.asarray(ys, np.float64) - ref) / np.linalg.norm(ref))
+    g = jax.grad(lambda x: gemvx.gemv_ffi(W, x).astype(jnp.float32).sum())(xs[0])
+    gerr = float(np.linalg.norm(np.asarray(g, np.float64) - np.asarray(W, np.float64).sum(0))
+                 / np.linalg.norm(np.asarray(W, np.float64).sum(0)))
+    good = err < tol["float16"] and gerr < tol["float16"]
+    print(f"JAX: jit(vmap(gemv_ffi)) over 8 vectors, 4096x4096 fp16: rel err {err:.2e}; "
+          f"grad wrt x: rel err {gerr:.2e}  {'ok' if good else 'WRONG'}")
+    return good
 
 
 if __name__ == "__main__":
