@@ -1,13 +1,15 @@
 """pytest setup for gemvx: the ``gpu`` marker, a per-test random generator, shared helpers.
 
 GPU tests carry ``@pytest.mark.gpu``; they are skipped, with the reason, when CuPy cannot be
-imported or when ``gemvx.gpu_available()`` is False. The check runs only when GPU tests were
-collected, so a CPU-only run never imports CuPy.
+imported or when ``gemvx.gpu_available()`` is False. Tests of the JAX door carry
+``@pytest.mark.gpu(door="jax")`` instead: they need JAX with a GPU backend, not CuPy. The checks
+run only when GPU tests were collected, so a CPU-only run never imports CuPy.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import sys
 import zlib
 from pathlib import Path
@@ -19,17 +21,38 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 
+# JAX would otherwise reserve most of the GPU's memory when its backend starts, leaving little for
+# the CuPy tests of the same session (it must be set before JAX initialises a backend).
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "gpu: needs a CUDA GPU and CuPy (skipped cleanly without them)")
+    config.addinivalue_line(
+        "markers", "gpu(door='cupy'): needs a CUDA GPU and CuPy, or with door='jax' a CUDA GPU and "
+        "JAX with a GPU backend (skipped cleanly without them)")
 
 
 @functools.lru_cache(maxsize=None)
-def gpu_skip_reason() -> str | None:
-    """Why GPU tests cannot run here, or None when they can."""
-    try:
-        import cupy  # noqa: F401
-    except Exception as exc:  # ImportError, or a CUDA library that fails to load
-        return f"CuPy is not importable ({type(exc).__name__}: {exc})"
+def gpu_skip_reason(door: str = "cupy") -> str | None:
+    """Why GPU tests of ``door`` ("cupy" or "jax") cannot run here, or None when they can."""
+    if door == "jax":
+        try:
+            import jax
+        except Exception as exc:  # noqa: BLE001 - ImportError, or a broken CUDA plugin
+            return f"JAX is not importable ({type(exc).__name__}: {exc})"
+        try:
+            backend = jax.default_backend()
+            cuda = [d for d in jax.devices() if d.platform in ("gpu", "cuda")]
+        except Exception as exc:  # noqa: BLE001 - a GPU plugin that fails to initialise
+            return f"JAX cannot start a backend ({type(exc).__name__}: {exc})"
+        if backend != "gpu" or not cuda:
+            return (f"JAX has no GPU backend (jax.default_backend() is {backend!r}); "
+                    "install jax with CUDA support (e.g. pip install 'jax[cuda13]')")
+    else:
+        try:
+            import cupy  # noqa: F401
+        except Exception as exc:  # ImportError, or a CUDA library that fails to load
+            return f"CuPy is not importable ({type(exc).__name__}: {exc})"
     import gemvx
 
     if not gemvx.gpu_available():
@@ -38,15 +61,13 @@ def gpu_skip_reason() -> str | None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]
-    if not gpu_items:
-        return
-    reason = gpu_skip_reason()
-    if reason is None:
-        return
-    skip = pytest.mark.skip(reason=reason)
-    for item in gpu_items:
-        item.add_marker(skip)
+    for item in items:
+        marker = item.get_closest_marker("gpu")
+        if marker is None:
+            continue
+        reason = gpu_skip_reason(marker.kwargs.get("door", "cupy"))
+        if reason is not None:
+            item.add_marker(pytest.mark.skip(reason=reason))
 
 
 @pytest.fixture

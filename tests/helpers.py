@@ -1,15 +1,16 @@
 """Shared helpers for the gemvx tests: dtypes, random inputs, views, the float64 reference and
 the error measure every comparison goes through.
 
-Nothing here imports CuPy: the view builders return functions that only slice, reshape and swap
-axes, so the CPU and GPU suites apply exactly the same strided view to the same host data (and
-to its device copy).
+Nothing here imports CuPy or JAX: the view builders return functions that only slice, reshape
+and swap axes, so the CPU and GPU suites apply exactly the same strided view to the same host data
+(and to its device copy); the JAX helpers at the end read jaxprs and lowered text by duck typing.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+import re
 from typing import Any, Callable
 
 import numpy as np
@@ -330,3 +331,66 @@ EMPTY_CASES = {
     "x_batch0_vs_W_batch3": ((3,), 5, 7, (0, 1, 7)),
     "M0_K0": ((), 0, 0, (0,)),
 }
+
+
+# ---- the JAX door: analytic gradients, jaxprs and lowered text (no JAX import here) ------------
+
+def sum_to_shape(a: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """Sum a broadcast array back to ``shape`` (what the cotangent of a broadcast is)."""
+    lead = a.ndim - len(shape)
+    a = a.sum(axis=tuple(range(lead))) if lead else a
+    axes = tuple(i for i, d in enumerate(shape) if d == 1 and a.shape[i] != 1)
+    return a.sum(axis=axes, keepdims=True) if axes else a
+
+
+def ref_gemv_grads(W: np.ndarray, x: np.ndarray, g: np.ndarray, alpha: float = 1.0,
+                   beta: float = 0.0, transpose: bool = False
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """float64 cotangents (dW, dx, dy) of ``y = alpha op(W) x + beta y_in`` for the output
+    cotangent ``g``: dx = alpha op(W)^T g, dW = alpha outer(g, x) (stored layout), dy = beta g,
+    each summed back over the batch dims it was broadcast along."""
+    W64, x64, g64 = _as64(W), _as64(x), _as64(g)
+    Wop = np.swapaxes(W64, -1, -2) if transpose else W64  # (..., M, K)
+    dx = alpha * _matvec(np.swapaxes(Wop, -1, -2), g64)
+    dW = alpha * g64[..., :, None] * x64[..., None, :]  # (..., M, K)
+    if transpose:
+        dW = np.swapaxes(dW, -1, -2)
+    return sum_to_shape(dW, W.shape), sum_to_shape(dx, x.shape), beta * g64
+
+
+def jaxpr_equations(jaxpr: Any) -> list[Any]:
+    """Every equation of a (closed) jaxpr, including those of the jaxprs in its equations'
+    parameters (custom_vjp / custom_vmap / pjit bodies, loop bodies), depth first."""
+    inner = getattr(jaxpr, "jaxpr", None)
+    if inner is not None and hasattr(inner, "eqns"):  # ClosedJaxpr
+        jaxpr = inner
+    out: list[Any] = []
+    for eqn in jaxpr.eqns:
+        out.append(eqn)
+        for value in eqn.params.values():
+            for v in value if isinstance(value, (tuple, list)) else (value,):
+                if hasattr(v, "eqns") or hasattr(getattr(v, "jaxpr", None), "eqns"):
+                    out.extend(jaxpr_equations(v))
+    return out
+
+
+def custom_calls(eqns: list[Any], target: str) -> list[Any]:
+    """The ffi_call / custom_call equations among ``eqns`` that call ``target``."""
+    return [e for e in eqns if e.primitive.name in ("ffi_call", "custom_call")
+            and e.params.get("target_name", e.params.get("call_target_name")) == target]
+
+
+def custom_call_attrs(text: str, target: str) -> list[dict[str, float]]:
+    """The attributes (``mhlo.backend_config = {name = value : type, ...}``) of every
+    ``stablehlo.custom_call @target`` in lowered StableHLO text, in order, as numbers."""
+    out = []
+    for line in text.splitlines():
+        if f"stablehlo.custom_call @{target}(" not in line:
+            continue
+        m = re.search(r"mhlo\.backend_config = \{([^}]*)\}", line)
+        assert m is not None, f"no mhlo.backend_config in: {line}"
+        attrs = {}
+        for name, value in re.findall(r"(\w+) = ([-+0-9.eE]+|nan|inf|-inf) : \w+", m.group(1)):
+            attrs[name] = float(value)
+        out.append(attrs)
+    return out

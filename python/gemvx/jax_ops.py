@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 from typing import Any
 
 import numpy as np
@@ -30,10 +31,12 @@ TARGET = "gemvx_gemv"
 
 
 def _version_tuple(v: str) -> tuple[int, ...]:
+    """Release numbers of a version string: the leading digits of its first three parts
+    ("0.10.2rc1" -> (0, 10, 2); "0.4.7+cuda12" -> (0, 4, 7))."""
     out = []
-    for part in v.split(".")[:3]:
-        digits = "".join(ch for ch in part if ch.isdigit())
-        out.append(int(digits) if digits else 0)
+    for part in v.split("+")[0].split(".")[:3]:
+        m = re.match(r"\d+", part)
+        out.append(int(m.group()) if m else 0)
     return tuple(out)
 
 
@@ -137,6 +140,9 @@ def _core(alpha: float, beta: float, transpose: bool, config: Any, has_y: bool) 
     @core.def_vmap
     def _rule(axis_size, in_batched, W, x, *y):
         wb, xb = in_batched[0], in_batched[1]
+        if has_y and in_batched[2] and not (wb or xb):
+            # only y is mapped: the result needs the mapped axis, so x (small) carries it
+            x, xb = jnp.broadcast_to(x[None], (axis_size,) + x.shape), True
         w_rank = W.ndim - 2 - int(wb)
         x_rank = x.ndim - 1 - int(xb)
         n = max(w_rank, x_rank)
