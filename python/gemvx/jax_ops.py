@@ -5,7 +5,7 @@ Structure (outermost first):
   * ``jax.custom_vjp``: dx = alpha * op(W)^T g through the other layout of the same kernels (no
     transposed copy of W), dW = alpha * outer(g, x) by XLA, dy = beta * g. alpha and beta are
     static Python floats (not differentiated). Forward mode (jvp) is not supported: JAX does not
-    allow jvp of a custom_vjp function; use grad / vjp.
+    allow jvp of a custom_vjp function; use grad / vjp. Second derivatives are not supported.
   * ``jax.custom_batching.custom_vmap``: a vmapped axis becomes one more leading batch dim of the
     same call, so vmap over x alone is one multi-vector call that reads W once, vmap over W and x
     is a batch of independent GEMVs, and nested vmap nests the rule. Never a loop of calls.
