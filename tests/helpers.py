@@ -394,3 +394,7 @@ def custom_call_attrs(text: str, target: str) -> list[dict[str, float]]:
             attrs[name] = float(value)
         out.append(attrs)
     return out
+
+
+# (dtype, transpose, view kind, (M, K)) for the matrix-view tests of every door.
+MATRIX_VIEW_CASES = cases(DTYPES, (False, True), MATRIX_VIEWS, [(33, 1031), (1000, 37), (1, 9), (9, 1)])

@@ -23,6 +23,7 @@ import gemvx
 from gemvx import _plan, _table
 from gemvx._core import DTYPE_CODES, _ext, gpu_count
 from helpers import (
+    MATRIX_VIEW_CASES,
     EMPTY_CASES,
     BATCH_CASES,
     DTYPES,
@@ -200,15 +201,7 @@ def test_reference_alpha_beta(dtype: str, transpose: bool, shape: tuple[int, int
     assert_gemv_close(y, W, x, alpha=alpha, beta=beta, y_in=y_in, transpose=transpose)
 
 
-def _matrix_view_params() -> list[Any]:
-    params = []
-    for dtype, transpose, kind, shape in cases(DTYPES, BOOLS, MATRIX_VIEWS,
-                                               [(33, 1031), (1000, 37), (1, 9), (9, 1)]):
-        params.append(pytest.param(dtype, transpose, kind, shape))
-    return params
-
-
-@pytest.mark.parametrize("dtype,transpose,kind,shape", _matrix_view_params(), ids=idfn)
+@pytest.mark.parametrize("dtype,transpose,kind,shape", MATRIX_VIEW_CASES, ids=idfn)
 def test_reference_matrix_views(dtype: str, transpose: bool, kind: str, shape: tuple[int, int],
                                 rng: np.random.Generator) -> None:
     """F-contiguous, .T, offset, padded, strided and reversed W give the C-order result exactly."""

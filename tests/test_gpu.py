@@ -20,6 +20,7 @@ import gemvx
 from gemvx import _plan
 from gemvx._core import _ext
 from helpers import (
+    MATRIX_VIEW_CASES,
     EMPTY_CASES,
     BATCH_CASES,
     DTYPES,
@@ -225,15 +226,7 @@ def test_batch_broadcasting(cp: Any, rng: np.random.Generator, dtype: str, trans
 
 # ---- layouts and misaligned views -------------------------------------------------------------------
 
-def _matrix_view_params() -> list[Any]:
-    params = []
-    for dtype, transpose, kind, shape in cases(DTYPES, BOOLS, MATRIX_VIEWS,
-                                               [(33, 1031), (1000, 37), (1, 9), (9, 1)]):
-        params.append(pytest.param(dtype, transpose, kind, shape))
-    return params
-
-
-@pytest.mark.parametrize("dtype,transpose,kind,shape", _matrix_view_params(), ids=idfn)
+@pytest.mark.parametrize("dtype,transpose,kind,shape", MATRIX_VIEW_CASES, ids=idfn)
 def test_matrix_views(cp: Any, rng: np.random.Generator, dtype: str, transpose: bool, kind: str,
                       shape: tuple[int, int]) -> None:
     M, K = shape
