@@ -24,7 +24,6 @@ from helpers import (
     EMPTY_CASES,
     BATCH_CASES,
     DTYPES,
-    MATRIX_VIEWS,
     assert_gemv_close,
     bad_call_cases,
     cases,
