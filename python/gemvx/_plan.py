@@ -83,6 +83,15 @@ class ShapePlan:
         rest = tuple(i for i in range(n) if i not in self.g_dims + self.v_dims)
         return self.g_dims + self.v_dims + rest + (n,)
 
+    def to_work(self, a: Any) -> Any:
+        """An array of shape (*batch, n) (NumPy, CuPy or JAX) as (groups, nvec, n) in work order."""
+        n = a.shape[-1]
+        return a.transpose(self.x_axes()).reshape((self.groups, self.nvec, n))
+
+    def from_work(self, a: Any) -> Any:
+        """A (groups, nvec, M) work-order result back in the result's shape and dim order."""
+        return a.reshape(self.work_shape + (self.M,)).transpose(self.result_axes()).reshape(self.out_shape)
+
     def result_axes(self) -> tuple[int, ...]:
         """Axes that bring a (*work_shape, M) array back to the result's dim order."""
         order = self.g_dims + self.v_dims
@@ -264,7 +273,7 @@ def prepare(xp: Any, W: Any, x: Any, out: Any, beta: float, transpose: bool,
     xs = x_strides(x, plan)
     if xs is None:
         x = xp.ascontiguousarray(
-            xp.broadcast_to(x, plan.batch + (plan.K,)).transpose(plan.x_axes()).reshape((G, V, plan.K)))
+            plan.to_work(xp.broadcast_to(x, plan.batch + (plan.K,))))
         xs = (V * plan.K, plan.K)
         direct = False
     p = make_problem(plan, dtype, w, xs)
@@ -277,12 +286,12 @@ def prepare(xp: Any, W: Any, x: Any, out: Any, beta: float, transpose: bool,
     else:
         yw = xp.empty((G, V, M), dtype=x.dtype)
         if beta != 0.0:
-            y_in = xp.ascontiguousarray(out.transpose(plan.x_axes()).reshape((G, V, M)))
+            y_in = xp.ascontiguousarray(plan.to_work(out))
 
     def finish() -> Any:
         if not plan.reorder:
             return out if out is not None else yw.reshape(plan.out_shape)
-        back = yw.reshape(plan.work_shape + (M,)).transpose(plan.result_axes()).reshape(plan.out_shape)
+        back = plan.from_work(yw)
         if out is None:
             return xp.ascontiguousarray(back)
         out[...] = back

@@ -17,7 +17,6 @@ Structure (outermost first):
 from __future__ import annotations
 
 import functools
-import math
 import re
 from typing import Any
 
@@ -91,7 +90,7 @@ def _lowered_call(W: Any, x: Any, y: Any, alpha: float, beta: float, transpose: 
     W3 = W.reshape((G, rows, cols))  # JAX arrays are C-contiguous: batch dims always collapse
     xs = x_strides_of(tuple(x.shape), c_strides(tuple(x.shape)), plan)
     if xs is None:
-        x = jnp.broadcast_to(x, plan.batch + (K,)).transpose(plan.x_axes()).reshape((G, V, K))
+        x = plan.to_work(jnp.broadcast_to(x, plan.batch + (K,)))
         xs = (V * K, K)
     p = make_problem(plan, dname, (transpose, max(cols, 1), rows * cols if G > 1 else 0), xs)
     if config is None:
@@ -103,8 +102,7 @@ def _lowered_call(W: Any, x: Any, y: Any, alpha: float, beta: float, transpose: 
     if y is None:
         y_in = jnp.zeros((0,), dtype)
     else:
-        y_in = y.transpose(plan.x_axes()) if plan.reorder else y
-        y_in = y_in.reshape((G, V, M))
+        y_in = plan.to_work(y)
     call = jax.ffi.ffi_call(
         TARGET,
         (jax.ShapeDtypeStruct((G, V, M), dtype), jax.ShapeDtypeStruct((max(ws_bytes, 1),), np.uint8)),
@@ -118,9 +116,7 @@ def _lowered_call(W: Any, x: Any, y: Any, alpha: float, beta: float, transpose: 
         x_vec=np.int64(p.x_vec), x_group=np.int64(p.x_group), alpha=np.float32(alpha),
         beta=np.float32(beta), config=np.int32(cid), splits=np.int32(splits),
     )
-    if plan.reorder:
-        return out.reshape(plan.work_shape + (M,)).transpose(plan.result_axes()).reshape(plan.out_shape)
-    return out.reshape(plan.out_shape)
+    return plan.from_work(out)
 
 
 def _lift(a: Any, batched: bool, core_nd: int, rank: int, n: int) -> Any:
@@ -236,7 +232,7 @@ def gemv_ffi(W: Any, x: Any, y: Any = None, *, alpha: float = 1.0, beta: float =
         raise ValueError("gemvx: beta != 0 reads y_in from y=, but y is None")
     if config is not None:
         config = _table.resolve_config(config, "T" if transpose else "N")
-    if plan.empty or math.prod(plan.batch) == 0:
+    if plan.empty:
         return y if y is not None else jnp.zeros(plan.out_shape, W.dtype)
     f = _differentiable(alpha_f, beta_f, transpose, config, y is not None)
     return f(W, x, y) if y is not None else f(W, x)
