@@ -110,6 +110,7 @@ NB_MODULE(_ext, m) {
       d["id"] = list[i].id;
       d["layout"] = list[i].trans ? "T" : "N";
       d["pipelined"] = list[i].pipelined;
+      d["tensor_cores"] = list[i].tensor_cores;
       d["threads"] = list[i].threads;
       d["p1"] = list[i].p1;
       d["p2"] = list[i].p2;

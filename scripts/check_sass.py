@@ -1,5 +1,5 @@
 """Check the compiled kernels' SASS: every 16-byte-vector GEMV kernel must stream W with 128-bit
-loads (LDG.E.NA.128), and every software-pipelined kernel must issue all UNROLL x R loads of a
+loads (LDG.E.NA.128) (tensor-core kernels: feeding HMMA.16816), and every software-pipelined kernel must issue all UNROLL x R loads of a
 step before its first FMA. For the other kernels ptxas decides the order; a small source change
 once flipped it into interleaving loads with math (8-15% slower on large shapes, no other
 symptom), so their count is printed for comparison between builds. Runs with the GPU tests.
@@ -16,6 +16,7 @@ from pathlib import Path
 
 ROW = re.compile(r"gemv_rowmajorI(\w+?)Li(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELb([01])ELb1E")
 TRN = re.compile(r"gemv_transposedI(\w+?)Li(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELb1E")
+MMA = re.compile(r"gemv_mmaI(\w+?)Li(\d+)ELi(\d+)ELi(\d+)E")
 
 
 def main() -> int:
@@ -31,6 +32,14 @@ def main() -> int:
     for f in funcs:
         name = f.split("\n", 1)[0].strip()
         m, t = ROW.search(name), TRN.search(name)
+        if MMA.search(name) and name not in seen:
+            # Tensor-core kernels: 128-bit stream loads of W feeding HMMA instructions.
+            seen.add(name)
+            checked += 1
+            if "LDG.E.NA.128" not in f or "HMMA.16816.F32" not in f:
+                print(f"tensor-core kernel without 128-bit stream loads or HMMA.16816: {name}")
+                bad += 1
+            continue
         if not (m or t) or name in seen:
             continue
         seen.add(name)

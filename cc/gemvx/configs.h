@@ -9,6 +9,10 @@
 //              meet in a shuffle/shared-memory reduction), P2 = rows per thread.
 //   RowMajorPipelined: the same, with the next step's loads issued before the current step's
 //              math (more registers, loads always ahead); wins on many fp32 and small shapes.
+//   RowMajorMma: several vectors on tensor cores (fp16/bf16; kernels/gemv_mma.cuh). P1 = 4 x the
+//              warps that split K (the other warps take more rows), P2 = 8-row tiles per warp,
+//              NV = 16.
+//              fp32 and unaligned operands run the RowMajor kernel with the same rows and lanes.
 //   Transposed (layout T, W stored (K, M) row-major): P1 = threads along M (each owns 16 bytes of
 //              consecutive outputs), P2 = 1; THREADS / P1 threads split K inside the block.
 // UNROLL = independent 16-byte loads per thread in flight (per row); NV = vectors handled per
@@ -56,4 +60,9 @@
   X(35, RowMajorPipelined, 128, 128, 1, 4, 1) \
   X(36, RowMajorPipelined, 256, 256, 1, 8, 1) \
   X(37, RowMajorPipelined, 128, 8, 1, 4, 1)   \
-  X(38, RowMajorPipelined, 256, 64, 1, 4, 1)
+  X(38, RowMajorPipelined, 256, 64, 1, 4, 1)  \
+  X(40, RowMajorMma, 256, 32, 1, 2, 16)       \
+  X(44, RowMajorMma, 512, 64, 1, 2, 16)       \
+  X(45, RowMajorMma, 256, 32, 2, 4, 16)       \
+  X(48, RowMajorMma, 256, 4, 1, 4, 16)        \
+  X(49, RowMajorMma, 128, 4, 2, 4, 16)

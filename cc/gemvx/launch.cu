@@ -3,9 +3,13 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
 
 #include "configs.h"
 #include "kernels/finish.cuh"
+#include "kernels/gemv_mma.cuh"
 #include "kernels/gemv_rowmajor.cuh"
 #include "kernels/gemv_transposed.cuh"
 #include "launch.h"
@@ -19,10 +23,54 @@ constexpr int64_t kMaxGridZ = 65535;
 
 // ----- config families: how a config maps onto a kernel and a grid ---------------------------
 
-template <bool PIPE, int THREADS, int TPR, int R, int U, int NV>
+// GPUs that can overlap a launch with the previous kernel's tail (programmatic dependent launch,
+// compute capability 9.0+; the kernels' pdl_begin() keeps memory ordered). GEMVX_PDL=0 in the
+// environment turns it off (for comparison). Cached per device.
+bool pdl_enabled() {
+  static const bool allowed = [] {
+    const char* e = std::getenv("GEMVX_PDL");
+    return e == nullptr || std::strcmp(e, "0") != 0;
+  }();
+  static std::atomic<int8_t> known[64] = {};
+  int dev = 0;
+  if (!allowed || cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
+  int8_t k = known[dev].load(std::memory_order_relaxed);
+  if (k == 0) {
+    int major = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
+      return false;
+    k = major >= 9 ? 1 : -1;
+    known[dev].store(k, std::memory_order_relaxed);
+  }
+  return k > 0;
+}
+
+// Every kernel goes through here. The launch error is read by the caller (cudaGetLastError).
+template <typename... P>
+void launch_kernel(void (*kernel)(P...), dim3 grid, int threads, cudaStream_t s, const Args& a) {
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(unsigned(threads));
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = s;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  cudaLaunchKernelEx(&cfg, kernel, a);
+}
+
+// KIND: 0 = CUDA cores, 1 = CUDA cores with software-pipelined loads, 2 = tensor cores (gemv_mma)
+// for 16-bit types on the 16-byte body; fp32 and the scalar variant of a tensor-core config run
+// the CUDA-core kernel with the same rows, lanes and splits (one 16-byte load per row in flight).
+template <int KIND, int THREADS, int TPR, int R, int U, int NV>
 struct RowMajorFamily {
+  static_assert(KIND != 2 || (TPR % 4 == 0 && THREADS % (8 * TPR) == 0 && NV == 16),
+                "tensor-core configs: P1 = 4 x warps along K, whole warps along M, 16 vectors");
   static constexpr bool kTrans = false;
-  static constexpr bool kPipelined = PIPE;
+  static constexpr bool kPipelined = KIND == 1;
+  static constexpr bool kTensorCores = KIND == 2;
   static constexpr int kThreads = THREADS, kNV = NV;
   // K is cut into 16-byte chunks (elements in the scalar variant).
   static int64_t k_units(const Problem& p, int vw) { return p.K / vw; }
@@ -31,19 +79,26 @@ struct RowMajorFamily {
   static int64_t grid_x(const Problem& p, int) { return (p.M + THREADS / TPR * R - 1) / (THREADS / TPR * R); }
   template <typename T, bool VEC>
   static void launch(dim3 grid, cudaStream_t s, const Args& a) {
-    kernels::gemv_rowmajor<T, THREADS, TPR, R, U, NV, PIPE, VEC><<<grid, THREADS, 0, s>>>(a);
+    if constexpr (KIND == 2 && VEC && sizeof(T) == 2)
+      launch_kernel(kernels::gemv_mma<T, THREADS, TPR, R, U>, grid, THREADS, s, a);
+    else
+      launch_kernel(kernels::gemv_rowmajor<T, THREADS, TPR, R, KIND == 2 ? 1 : U, NV, KIND == 1, VEC>,
+                    grid, THREADS, s, a);
   }
 };
 template <int THREADS, int TPR, int R, int U, int NV>
-using RowMajor = RowMajorFamily<false, THREADS, TPR, R, U, NV>;
+using RowMajor = RowMajorFamily<0, THREADS, TPR, R, U, NV>;
 template <int THREADS, int TPR, int R, int U, int NV>
-using RowMajorPipelined = RowMajorFamily<true, THREADS, TPR, R, U, NV>;
+using RowMajorPipelined = RowMajorFamily<1, THREADS, TPR, R, U, NV>;
+template <int THREADS, int TPR, int R, int U, int NV>
+using RowMajorMma = RowMajorFamily<2, THREADS, TPR, R, U, NV>;
 
 template <int THREADS, int CB, int P2, int U, int NV>
 struct Transposed {
   static_assert(P2 == 1, "Transposed configs take P2 = 1");
   static constexpr bool kTrans = true;
   static constexpr bool kPipelined = false;
+  static constexpr bool kTensorCores = false;
   static constexpr int kThreads = THREADS, kNV = NV;
   static constexpr int kSlices = THREADS / CB;
   // K is cut into rows of W.
@@ -56,12 +111,13 @@ struct Transposed {
   }
   template <typename T, bool VEC>
   static void launch(dim3 grid, cudaStream_t s, const Args& a) {
-    kernels::gemv_transposed<T, THREADS, CB, U, NV, VEC><<<grid, THREADS, 0, s>>>(a);
+    launch_kernel(kernels::gemv_transposed<T, THREADS, CB, U, NV, VEC>, grid, THREADS, s, a);
   }
 };
 
 #define GEMVX_INFO(id, fam, th, p1, p2, u, nv) \
-  ConfigInfo{id, fam<th, p1, p2, u, nv>::kTrans, fam<th, p1, p2, u, nv>::kPipelined, th, p1, p2, u, nv},
+  ConfigInfo{id, fam<th, p1, p2, u, nv>::kTrans, fam<th, p1, p2, u, nv>::kPipelined, \
+             fam<th, p1, p2, u, nv>::kTensorCores, th, p1, p2, u, nv},
 constexpr ConfigInfo kConfigs[] = {GEMVX_CONFIGS(GEMVX_INFO)};
 #undef GEMVX_INFO
 constexpr int kNumConfigs = int(sizeof(kConfigs) / sizeof(kConfigs[0]));
@@ -140,7 +196,7 @@ template <typename T>
 Status launch_finish(const Args& a, cudaStream_t s) {
   const int64_t n = a.groups * a.nvec * a.M;
   const int64_t blocks = std::min<int64_t>((n + 255) / 256, 65535);
-  kernels::finish<T><<<dim3(unsigned(blocks)), 256, 0, s>>>(a);
+  launch_kernel(kernels::finish<T>, dim3(unsigned(blocks)), 256, s, a);
   return from_cuda(cudaGetLastError());
 }
 

@@ -14,6 +14,7 @@ struct ConfigInfo {
   int id;
   bool trans;       // false: RowMajor families (layout N); true: Transposed family (layout T)
   bool pipelined;   // loads software-pipelined one step ahead (RowMajorPipelined)
+  bool tensor_cores;  // 16-bit types on tensor cores (RowMajorMma)
   int threads;
   int p1;           // RowMajor: threads per row; Transposed: threads along M
   int p2;           // RowMajor: rows per thread; Transposed: 1

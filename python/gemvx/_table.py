@@ -146,7 +146,9 @@ def fallback_rules(layout: str, dtype: str, batch: int, M: int, K: int, sm_count
     Row-major (N), from sweeps on sm_90: short rows (K up to 1024 16-byte chunks per 8 lanes)
     want 8-16 lanes per row so each lane still has several loads; long rows want 32 lanes per
     row while that leaves >= 3 blocks per SM, else 128 lanes (one row per block), else 256
-    lanes and split-K. Batches of vectors take the multi-vector configs. Transposed (T): 32
+    lanes and split-K. Batches of vectors take the multi-vector configs: tensor cores for 16-bit
+    types (config 48, 64 rows per block sharing x, once M >= 8192; else 45), CUDA cores for
+    float32. Transposed (T): 32
     threads span 16 bytes of columns each and the other threads of the block split K: 8 threads
     across M (32-way K split inside the block) while M is narrow, 32 once it is wide.
     Either way, when the blocks cannot fill the GPU with resident threads, K is split (fixed-
@@ -156,7 +158,10 @@ def fallback_rules(layout: str, dtype: str, batch: int, M: int, K: int, sm_count
     cfgs = config_by_id()
     if layout == "N":
         chunks = max(K // vw, 1)
-        if batch > 4:
+        if batch > 1 and dtype != "float32":
+            # Tensor cores: 8 warps on 64 rows sharing x once M is large, else 16 rows per block.
+            cid = 48 if M >= 8192 else 45
+        elif batch > 4:
             cid = 13
         elif batch > 1:
             cid = 12 if chunks >= 64 else 11

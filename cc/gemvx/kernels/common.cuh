@@ -102,6 +102,25 @@ __device__ __forceinline__ T load_keep(const T* p) {
   return __ldg(p);
 }
 
+// Programmatic dependent launch (Hopper and newer). pdl_wait() waits until the previous kernel on
+// the stream has finished and its writes are visible; every kernel calls it first, before touching
+// global memory, so reads and writes stay ordered as on a plain stream. pdl_trigger() lets the
+// next kernel be scheduled (its blocks then wait in their own pdl_wait), so its launch latency
+// overlaps this kernel's tail. The GEMV kernels trigger once their W loads are done: triggering at
+// the start made transposed shapes up to 15% slower on an H200 (the waiting blocks of the next
+// kernel then sit on the SMs for the whole run), triggering late costs nothing on row-major ones
+// (benchmarks/NOTES.md). Older GPUs: no-ops, and the launcher does not ask for the overlap.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // Sum across groups of WIDTH consecutive lanes (WIDTH a power of two <= 32); every lane of the
 // group receives the total.
 template <int WIDTH>
@@ -110,6 +129,27 @@ __device__ __forceinline__ float group_sum(float v) {
   for (int off = WIDTH / 2; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
   return v;
 }
+
+// What one block works on: its split of K (blockIdx.y), its matrix g and its first vector v0 of the
+// nv (<= NV) vectors it handles (blockIdx.z, offset by the launch's z_offset), and the matching
+// starts of W and x.
+template <typename T, int NV>
+struct BlockWork {
+  int split;
+  int64_t g, v0;
+  int nv;
+  const T* W;
+  const T* X;
+  __device__ __forceinline__ explicit BlockWork(const Args& a) {
+    split = blockIdx.y;
+    const int64_t z = a.z_offset + blockIdx.z;
+    g = z / a.vchunks;
+    v0 = (z % a.vchunks) * NV;
+    nv = int(a.nvec - v0 < NV ? a.nvec - v0 : NV);
+    W = static_cast<const T*>(a.W) + g * a.w_group;
+    X = static_cast<const T*>(a.x) + g * a.x_group + v0 * a.x_vec;
+  }
+};
 
 // Final store of one output: y = alpha * acc + beta * y_in (y_in not read when beta == 0), or the
 // partial sum into the split-K workspace.

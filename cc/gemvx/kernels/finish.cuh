@@ -9,6 +9,8 @@ namespace kernels {
 
 template <typename T>
 __global__ void __launch_bounds__(256) finish(const Args a) {
+  pdl_wait();
+  pdl_trigger();
   const int64_t per_split = a.groups * a.nvec * a.M;
   for (int64_t o = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; o < per_split;
        o += int64_t(gridDim.x) * blockDim.x) {

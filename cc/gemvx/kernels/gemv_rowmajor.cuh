@@ -24,16 +24,14 @@ __global__ void __launch_bounds__(THREADS) gemv_rowmajor(const Args a) {
   constexpr int WARP_TPR = TPR < 32 ? TPR : 32;
   constexpr int WARPS_PER_ROW = TPR / WARP_TPR;
 
+  pdl_wait();
   const int lane = threadIdx.x % TPR;
   const int grp = threadIdx.x / TPR;
-  const int split = blockIdx.y;
-  const int64_t z = a.z_offset + blockIdx.z;
-  const int64_t g = z / a.vchunks;
-  const int64_t v0 = (z % a.vchunks) * NV;
-  const int nv = int(a.nvec - v0 < NV ? a.nvec - v0 : NV);
-
-  const T* W = static_cast<const T*>(a.W) + g * a.w_group;
-  const T* X = static_cast<const T*>(a.x) + g * a.x_group + v0 * a.x_vec;
+  const BlockWork<T, NV> bw(a);
+  const int split = bw.split, nv = bw.nv;
+  const int64_t g = bw.g, v0 = bw.v0;
+  const T* const W = bw.W;
+  const T* const X = bw.X;
 
   // Rows past M load the last row (in bounds, never stored): no predicate in the hot loop.
   int64_t row[R];
@@ -136,6 +134,7 @@ __global__ void __launch_bounds__(THREADS) gemv_rowmajor(const Args a) {
     for (int v = 0; v < NV; ++v) xc[v] = load_keep(reinterpret_cast<const Chunk*>(xv[v]) + c);
     fma_chunk(w, xc);
   }
+  pdl_trigger();
   // Scalar tail (K % VW elements), done once, by the last split.
   if (VEC && split == a.splits - 1) {
     for (int64_t k = nchunk * VW + lane; k < a.K; k += TPR) {

@@ -18,16 +18,14 @@ __global__ void __launch_bounds__(THREADS) gemv_transposed(const Args a) {
   using Chunk = Raw<T, VEC>;
   constexpr int KS = THREADS / CB;  // K slices per block
 
+  pdl_wait();
   const int ct = threadIdx.x % CB;
   const int ks = threadIdx.x / CB;
-  const int split = blockIdx.y;
-  const int64_t z = a.z_offset + blockIdx.z;
-  const int64_t g = z / a.vchunks;
-  const int64_t v0 = (z % a.vchunks) * NV;
-  const int nv = int(a.nvec - v0 < NV ? a.nvec - v0 : NV);
-
-  const T* W = static_cast<const T*>(a.W) + g * a.w_group;
-  const T* X = static_cast<const T*>(a.x) + g * a.x_group + v0 * a.x_vec;
+  const BlockWork<T, NV> bw(a);
+  const int split = bw.split, nv = bw.nv;
+  const int64_t g = bw.g, v0 = bw.v0;
+  const T* const W = bw.W;
+  const T* const X = bw.X;
   const T* xv[NV];
 #pragma unroll
   for (int v = 0; v < NV; ++v) xv[v] = X + int64_t(v < nv ? v : nv - 1) * a.x_vec;
@@ -89,6 +87,7 @@ __global__ void __launch_bounds__(THREADS) gemv_transposed(const Args a) {
     }
   }
 
+  pdl_trigger();
   if constexpr (KS == 1) {
 #pragma unroll
     for (int v = 0; v < NV; ++v)

@@ -1,0 +1,173 @@
+// Layout N, several vectors against one W, on tensor cores (fp16 / bf16, 16-byte body).
+//
+// y[v, m] = dot(W[m, :], x[v, :]) for up to 16 vectors is one small matrix product
+// X (16 x K) . W^T (K x 8 rows), so each warp feeds it to mma.sync.m16n8k16 (fp32 accumulate):
+// the A operand is 16 vectors of x, the B operand is 8 rows of W, D is 16 vectors x 8 rows.
+// A dot product does not care in which order k is visited, as long as A and B agree; so each lane
+// loads whole 16-byte chunks, exactly as the CUDA-core kernel does, and the k slots of the
+// fragments are mapped onto those chunks:
+//   lane (g = lane / 4, t = lane % 4) loads chunk (base + t) of W row g, and the same chunk of
+//   x[g] and x[g + 8]; half h (0, 1) of the chunk is one mma, whose B registers are the chunk's
+//   words 2h, 2h+1 and whose A registers are the matching words of x[g] and x[g + 8].
+// Slot 2t (2t+8) of an mma thus always holds element 8*(base + t) + 4h (+2): the same k for every
+// row of A and every column of B. The W loads and the row/split layout are those of the
+// RowMajor family: P1 = TPR lanes share a row, i.e. WK = TPR / 4 warps split K (warp wk owns
+// chunks 4wk..4wk+3 of each step) and meet in shared memory in a fixed order; the block's other
+// warps (WR = warps / WK) take further rows at the same K, so they read the same x chunks at the
+// same time (L1 hits: x costs 16 / rows-per-block of W's traffic). A warp owns P2 8-row tiles, so a
+// block has THREADS / TPR * P2 rows, as in the RowMajor family. Split-K and the K % 8 tail work as
+// in the CUDA-core kernel (the tail is added by the lane that stores the output).
+// Vectors past nvec are zero rows of A. fp32, and operands without 16-byte alignment, run the
+// CUDA-core kernel with the same parameters instead (launch.cu).
+#pragma once
+
+#include "common.cuh"
+
+namespace gemvx {
+namespace kernels {
+
+__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                          uint32_t b1, __half) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                          uint32_t b1, __nv_bfloat16) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// One 16-byte chunk of every tile's row against the chunk of x[g] (xa) and x[g + 8] (xb).
+template <typename T, int TILES>
+__device__ __forceinline__ void mma_chunk(float (&acc)[TILES][4], const uint4 (&w)[TILES],
+                                          const uint4& xa, const uint4& xb) {
+  const uint32_t a0[4] = {xa.x, xb.x, xa.y, xb.y};
+  const uint32_t a1[4] = {xa.z, xb.z, xa.w, xb.w};
+#pragma unroll
+  for (int j = 0; j < TILES; ++j) {
+    mma_16816(acc[j], a0, w[j].x, w[j].y, T{});
+    mma_16816(acc[j], a1, w[j].z, w[j].w, T{});
+  }
+}
+
+template <typename T, int THREADS, int TPR, int TILES, int U>
+__global__ void __launch_bounds__(THREADS) gemv_mma(const Args a) {
+  constexpr int NV = 16;
+  constexpr int VW = 8;
+  constexpr int WARPS = THREADS / 32;
+  constexpr int WK = TPR / 4;        // warps sharing rows, splitting K
+  constexpr int WR = WARPS / WK;     // warps on different rows (sharing x through L1)
+  constexpr int ROWS = 8 * WR * TILES;
+  static_assert(THREADS % 32 == 0 && sizeof(T) == 2, "gemv_mma: 16-bit types, whole warps");
+  static_assert(TPR % 4 == 0 && WK >= 1 && WARPS % WK == 0, "gemv_mma: TPR = 4 x (warps along K)");
+  pdl_wait();
+
+  const int lane = threadIdx.x % 32;
+  const int wk = (threadIdx.x / 32) % WK;
+  const int wr = (threadIdx.x / 32) / WK;
+  const int gq = lane / 4;  // row of the tile this lane loads; vector gq (and gq + 8) of x
+  const int t = lane % 4;
+  const BlockWork<T, NV> bw(a);
+  const int split = bw.split, nv = bw.nv;
+  const int64_t g = bw.g, v0 = bw.v0;
+  const T* const W = bw.W;
+  const T* const X = bw.X;
+  const int64_t row0 = int64_t(blockIdx.x) * ROWS + wr * 8 * TILES;
+  const uint4* wrow[TILES];
+#pragma unroll
+  for (int j = 0; j < TILES; ++j) {
+    const int64_t r = row0 + j * 8 + gq;
+    wrow[j] = reinterpret_cast<const uint4*>(W + (r < a.M ? r : a.M - 1) * a.ldw);
+  }
+  const bool has_a = gq < nv, has_b = gq + 8 < nv;
+  const uint4* xa_p = reinterpret_cast<const uint4*>(X + int64_t(has_a ? gq : 0) * a.x_vec);
+  const uint4* xb_p = reinterpret_cast<const uint4*>(X + int64_t(has_b ? gq + 8 : 0) * a.x_vec);
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+
+  const int64_t nchunk = a.K / VW;
+  const int64_t c_begin = min(int64_t(split) * a.split_span, nchunk);
+  const int64_t c_end = min(c_begin + a.split_span, nchunk);
+
+  float acc[TILES][4];
+#pragma unroll
+  for (int j = 0; j < TILES; ++j)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[j][i] = 0.0f;
+
+  // base is uniform across the warp (mma.sync needs every lane); lane t takes chunk base + t.
+  int64_t base = c_begin + 4 * wk;
+#pragma unroll 1
+  for (; base + (U - 1) * TPR + 4 <= c_end; base += U * TPR) {
+    uint4 w[U][TILES], xa[U], xb[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int j = 0; j < TILES; ++j) w[u][j] = load_stream(wrow[j] + base + u * TPR + t);
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      xa[u] = has_a ? load_keep(xa_p + base + u * TPR + t) : zero;
+      xb[u] = has_b ? load_keep(xb_p + base + u * TPR + t) : zero;
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) mma_chunk<T, TILES>(acc, w[u], xa[u], xb[u]);
+  }
+  // Last partial steps: chunks past the split's end are zeros.
+#pragma unroll 1
+  for (; base < c_end; base += TPR) {
+    const int64_t c = base + t;
+    const bool in = c < c_end;
+    uint4 w[TILES];
+#pragma unroll
+    for (int j = 0; j < TILES; ++j) w[j] = in ? load_stream(wrow[j] + c) : zero;
+    const uint4 xa = in && has_a ? load_keep(xa_p + c) : zero;
+    const uint4 xb = in && has_b ? load_keep(xb_p + c) : zero;
+    mma_chunk<T, TILES>(acc, w, xa, xb);
+  }
+
+  pdl_trigger();
+  // Lane (gq, t) holds D[gq][2t], D[gq][2t+1], D[gq+8][2t], D[gq+8][2t+1] of each tile: vector
+  // gq (+8) and tile rows 2t, 2t+1. The warps that split K add their parts in a fixed order.
+  if constexpr (WK > 1) {
+    __shared__ float red[WK - 1][WR][TILES * 4][32];
+    if (wk > 0) {
+#pragma unroll
+      for (int j = 0; j < TILES; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) red[wk - 1][wr][j * 4 + i][lane] = acc[j][i];
+    }
+    __syncthreads();
+    if (wk > 0) return;
+#pragma unroll
+    for (int q = 0; q < WK - 1; ++q)
+#pragma unroll
+      for (int j = 0; j < TILES; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[j][i] += red[q][wr][j * 4 + i][lane];
+  }
+
+  const bool tail = split == a.splits - 1 && nchunk * VW < a.K;
+#pragma unroll
+  for (int j = 0; j < TILES; ++j)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int v = gq + (i >= 2 ? 8 : 0);
+      const int64_t m = row0 + j * 8 + 2 * t + (i & 1);
+      if (v >= nv || m >= a.M) continue;
+      float s = acc[j][i];
+      if (tail) {  // the K % 8 elements after the last whole chunk
+        const T* wr = W + m * a.ldw;
+        const T* xr = X + int64_t(v) * a.x_vec;
+        for (int64_t k = nchunk * VW; k < a.K; ++k) s = fmaf(to_float(wr[k]), to_float(xr[k]), s);
+      }
+      store_output<T>(a, split, g, v0 + v, m, s);
+    }
+}
+
+}  // namespace kernels
+}  // namespace gemvx
