@@ -42,6 +42,7 @@
   X(16, RowMajor, 64, 64, 1, 4, 1)            \
   X(17, RowMajor, 128, 32, 1, 8, 1)           \
   X(18, RowMajor, 128, 128, 1, 4, 1)          \
+  X(19, RowMajor, 1024, 1024, 1, 4, 1)        \
   X(20, Transposed, 256, 32, 1, 4, 1)         \
   X(21, Transposed, 256, 64, 1, 4, 1)         \
   X(22, Transposed, 128, 32, 1, 8, 1)         \
@@ -61,6 +62,7 @@
   X(36, RowMajorPipelined, 256, 256, 1, 8, 1) \
   X(37, RowMajorPipelined, 128, 8, 1, 4, 1)   \
   X(38, RowMajorPipelined, 256, 64, 1, 4, 1)  \
+  X(39, RowMajorPipelined, 512, 512, 1, 4, 1) \
   X(40, RowMajorMma, 256, 32, 1, 2, 16)       \
   X(44, RowMajorMma, 512, 64, 1, 2, 16)       \
   X(45, RowMajorMma, 256, 32, 2, 4, 16)       \
