@@ -124,7 +124,7 @@ def test_default_grid() -> None:
             assert set(tune.DESIGN_SHAPES) <= mk
             pow2 = {(M, K) for M in tune.GRID_SIZES for K in tune.GRID_SIZES
                     if M * K * tune.itemsize(dtype) <= tune.MAX_W_BYTES}
-            assert pow2 <= mk and mk <= pow2 | set(tune.DESIGN_SHAPES)
+            assert pow2 <= mk <= pow2 | set(tune.DESIGN_SHAPES)
             assert (256, 131072) in mk and (131072, 256) in mk and (131072, 131072) not in mk
     assert min(tune.GRID_SIZES) == 256 and max(tune.GRID_SIZES) == 131072
     # the batches of one shape are adjacent (they share W on the GPU)

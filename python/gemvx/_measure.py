@@ -63,19 +63,19 @@ def random_normal(cp: Any, rs: Any, shape: tuple[int, ...], dt: np.dtype) -> Any
     return from_f32(cp, rs.standard_normal(shape, dtype=cp.float32), dt)
 
 
-def reference(cp: Any, W: Any, x: Any, transpose: bool) -> Any:
+def reference(cp: Any, W: Any, x: Any, transpose: bool, chunk_bytes: int = 256 << 20) -> Any:
     """float64 ``op(W) @ x`` for x of shape (K,) or (batch, K), computed on the GPU in chunks of
-    W of at most 256 MiB of float64. W is (M, K), or stored (K, M) with ``transpose``."""
+    W of at most ``chunk_bytes`` of float64. W is (M, K), or stored (K, M) with ``transpose``."""
     x64 = as_f64(cp, x)
     if not transpose:
         M, K = W.shape
-        step = max(1, (256 << 20) // (8 * K))
+        step = max(1, chunk_bytes // (8 * K))
         ref = cp.empty(x.shape[:-1] + (M,), dtype=cp.float64)
         for r0 in range(0, M, step):
             ref[..., r0:r0 + step] = x64 @ as_f64(cp, W[r0:r0 + step]).T
     else:
         K, M = W.shape
-        step = max(1, (256 << 20) // (8 * M))
+        step = max(1, chunk_bytes // (8 * M))
         ref = cp.zeros(x.shape[:-1] + (M,), dtype=cp.float64)
         for k0 in range(0, K, step):
             ref += x64[..., k0:k0 + step] @ as_f64(cp, W[k0:k0 + step])

@@ -448,7 +448,8 @@ def _check_and_time(cp: Any, timer: _Timer, fn: Callable[[int], Any], y0: Any, r
 
 # ---- command line ------------------------------------------------------------------------------
 
-def _csv(kind: str, valid: tuple, conv: Callable[[str], Any] = str) -> Callable[[str], list]:
+def csv_list(kind: str, valid: tuple, conv: Callable[[str], Any] = str) -> Callable[[str], list]:
+    """An argparse type: a comma list of values from ``valid`` (after ``conv``), duplicates dropped."""
     def parse(s: str) -> list:
         try:
             out = [conv(v.strip()) for v in s.split(",") if v.strip()]
@@ -491,11 +492,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                "shipped ones; by default the table is written there, named for this GPU.")
     ap.add_argument("--quick", action="store_true",
                     help="coarse grid: M, K in powers of four 256..65536 (plus the DESIGN.md shapes)")
-    ap.add_argument("--dtypes", type=_csv("dtype", DTYPES), default=list(DTYPES),
+    ap.add_argument("--dtypes", type=csv_list("dtype", DTYPES), default=list(DTYPES),
                     help="comma list (default float16,bfloat16,float32)")
-    ap.add_argument("--layouts", type=_csv("layout", LAYOUTS, str.upper), default=list(LAYOUTS),
+    ap.add_argument("--layouts", type=csv_list("layout", LAYOUTS, str.upper), default=list(LAYOUTS),
                     help="N (W is M x K) and/or T (W stored K x M); default N,T")
-    ap.add_argument("--batches", type=_csv("batch", tuple(range(1, 65)), int), default=list(BATCHES),
+    ap.add_argument("--batches", type=csv_list("batch", tuple(range(1, 65)), int), default=list(BATCHES),
                     help="vectors per call, comma list (default 1,4,16)")
     ap.add_argument("--shapes", type=parse_shapes, default=None,
                     help="tune only these MxK shapes (no size cap) instead of the grid")
