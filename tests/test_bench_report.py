@@ -334,3 +334,81 @@ def test_measure_bfloat16_and_tolerance() -> None:
     assert np.isnan(y.astype(np.float32)).all()
     assert _measure.tolerance("float32", 1 << 20) > _measure.tolerance("float32", 1)
     assert _measure.tolerance("bfloat16", 1) > _measure.tolerance("float16", 1)
+
+
+# ---- bench.py end to end on a simulated GPU --------------------------------------------------
+
+def test_bench_end_to_end_on_a_simulated_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                             capsys: pytest.CaptureFixture) -> None:
+    """bench.py's whole CuPy path (operands, checks, graph and eager timing, JSON, report) with
+    CuPy, gemvx's kernels and cuBLAS simulated: a gemvx call costs 1 ns per element of W, a
+    cuBLAS call twice that; cuBLAS refuses capture, like CuPy's."""
+    import gemvx
+    import simgpu
+    from gemvx import _core
+    from gemvx.tune import _DRY_PROPS
+
+    cp = simgpu.sim_cupy()
+
+    def cost_ms(W: Any) -> float:
+        return W.size * 1e-6
+
+    def fake_gemv(W: Any, x: Any, out: Any = None, *, transpose: bool = False, config: Any = None) -> Any:
+        simgpu.spend(cost_ms(W))
+        if not simgpu.capturing():
+            W32, x32 = W.astype(np.float32), x.astype(np.float32)
+            out[...] = (x32 @ W32 if transpose else x32 @ W32.T).astype(out.dtype)
+        return out
+
+    def fake_matmul(a: Any, b: Any, out: Any = None) -> Any:
+        if simgpu.capturing():
+            raise NotImplementedError("calling cuBLAS API during stream capture is currently unsupported")
+        simgpu.spend(2 * cost_ms(a if a.ndim == 2 and a.size > b.size else b))
+        out[...] = np.matmul(a.astype(np.float32), b.astype(np.float32)).astype(out.dtype)
+        return out
+
+    cp.matmul = fake_matmul
+    monkeypatch.setitem(sys.modules, "cupy", cp)
+    monkeypatch.setattr(gemvx, "cupy_gemv", fake_gemv)
+    monkeypatch.setattr(_core, "device_properties", lambda d: dict(_DRY_PROPS))
+    monkeypatch.setattr(bench._CupyTimer, "_stream", None)
+    monkeypatch.setattr(bench, "measure_ceiling", lambda *a, **k: {"read_gbps": 100.0, "buffer_bytes": 1 << 30,
+                                                                  "read_best": None, "copy": None})
+    # The JAX door and XLA run for real on JAX's CPU backend; only the profile's kernel times are
+    # simulated (a CPU trace has no GPU timeline): 3 us per call for gemv_ffi, 4 for jnp.dot.
+    jax = pytest.importorskip("jax")
+
+    traces = []
+
+    def fake_kernel_us(trace: Any, runs: int, calls: int) -> list[float]:
+        traces.append(trace["traceEvents"] if isinstance(trace, dict) else trace)
+        return [3.0 if len(traces) % 2 else 4.0] * runs  # gemv_ffi is profiled first, then jnp.dot
+
+    monkeypatch.setitem(bench._OPTIONAL, "jax", (jax, ""))
+    monkeypatch.setattr(bench, "kernel_us_per_call", fake_kernel_us)
+    out = tmp_path / "sim.json"
+    argv = ["--dtypes", "float16", "--layouts", "N,T", "--batches", "1,3",
+            "--shapes", "64x96,40x33", "--no-torch", "--json", str(out), "--no-plot",
+            "--replays", "3", "--reps", "4"]
+    assert bench.main(argv) == 0
+    text = capsys.readouterr().out
+    assert "TARGETS:" in text and "float16, layout T (W stored (K, M), y = W^T x), batch 3" in text
+    data = json.loads(out.read_text())
+    assert len(data["results"]) == 8
+    for rec in data["results"]:
+        im = rec["impls"]
+        us = rec["M"] * rec["K"] * 1e-3
+        assert im["gemvx"]["status"] == "ok" and im["gemvx"]["rel_err"] < 1e-2
+        assert im["gemvx"]["graph"]["us"] == pytest.approx(us)
+        assert im["gemvx"]["eager"]["us"] == pytest.approx(us)
+        assert im["gemvx"]["config"] == list(gemvx._table.select(
+            "sm_90", "NVIDIA H200", 132, rec["dtype"], rec["layout"], rec["batch"], rec["M"], rec["K"]))
+        assert "capture" in im["cublas"]["graph_error"] and "graph" not in im["cublas"]
+        assert im["cublas"]["eager"]["us"] == pytest.approx(2 * us)
+        assert {im[k]["status"] for k in ("torch", "triton")} == {"n/a"}
+        for k in ("gemv_ffi", "xla"):  # checked against the float64 reference, then profiled
+            assert im[k]["status"] == "ok" and im[k]["rel_err"] < 1e-2, im[k]
+        assert im["gemv_ffi"]["jit"]["us"] == 3.0 and im["xla"]["jit"]["us"] == 4.0
+    assert len(traces) == 2 * 8 and all(traces)
+    _, records = report.load([out])
+    assert all(report.best_ratio(r) == (pytest.approx(4.0 / 3.0), "xla") for r in records)

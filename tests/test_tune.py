@@ -8,13 +8,16 @@ the loader looks for and the precedence of user tables over shipped ones, the co
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from gemvx import _table, tune
 from gemvx._core import compiled_configs, config_by_id, gpu_count
+import simgpu
 
 CONFIGS = list(compiled_configs())
 N_IDS = [c["id"] for c in CONFIGS if c["layout"] == "N"]
@@ -266,7 +269,7 @@ def test_parse_args() -> None:
 
 @pytest.mark.parametrize("argv", [["--dtypes", "float64"], ["--layouts", "X"], ["--batches", "0"],
                                   ["--batches", "a"], ["--shapes", "4096"], ["--shapes", "0x5"],
-                                  ["--replays", "0"], ["--max-w-mib", "-1"]])
+                                  ["--replays", "0"], ["--max-w-mib", "-1"], ["--time-limit", "0"]])
 def test_parse_args_rejects(argv: list[str], capsys: pytest.CaptureFixture) -> None:
     with pytest.raises(SystemExit) as info:
         tune.parse_args(argv)
@@ -285,6 +288,79 @@ def test_dry_run_without_gpu(dirs: tuple[Path, Path], capsys: pytest.CaptureFixt
     assert not list(user.iterdir())  # a dry run writes nothing
     assert tune.main([]) == 2  # no GPU: a clear message, no traceback
     assert "no CUDA GPU" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(gpu_count() > 0, reason="this machine has a GPU: the dry run describes it")
+def test_dry_run_with_a_broken_current_table(dirs: tuple[Path, Path], capsys: pytest.CaptureFixture) -> None:
+    """A table that no longer loads (say it names a config this build dropped) must not stop the
+    tuner that will replace it."""
+    user, _ = dirs
+    missing = max(c["id"] for c in CONFIGS) + 977
+    _write(user / "sm_90_nvidia-h200.json", [_entry(config=missing)], arch="sm_90", device="NVIDIA H200")
+    assert tune.main(["--dry-run", "--dtypes", "float16", "--layouts", "T", "--batches", "1"]) == 0
+    err = capsys.readouterr().err
+    assert err.count("the current table cannot be used") == 1 and str(missing) in err
+
+
+# ---- the tuning loop on a simulated GPU ----------------------------------------------------------
+
+def test_tune_end_to_end_on_a_simulated_gpu(dirs: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch,
+                                            tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """The whole loop (check, graph timing with the L2 flush taken off, choice, table, merge) with
+    CuPy and the kernels simulated: a call of config c costs cost_us(c, splits) of simulated GPU
+    time; config BAD writes nothing (so its check fails)."""
+    import gemvx
+    from gemvx import _core, _measure
+
+    FLUSH_US = 50.0
+    win = {"N": [c for c in N_IDS if config_by_id()[c]["max_vectors"] == 1][-1], "T": T_IDS[-1]}
+    bad = N_IDS[0]
+
+    def cost_us(cid: int, splits: int) -> float:
+        return 5.0 if cid in win.values() else 10.0 + 0.01 * cid + 0.001 * splits
+
+    def fake_gemv(W: Any, x: Any, out: Any = None, *, transpose: bool = False, config: Any = None) -> Any:
+        cid, splits = config
+        simgpu.spend(cost_us(cid, splits) / 1e3)
+        if cid != bad and not simgpu.capturing():
+            W32, x32 = W.astype(np.float32), x.astype(np.float32)
+            out[...] = (x32 @ W32 if transpose else x32 @ W32.T).astype(out.dtype)
+        return out
+
+    class FakeRead:
+        def __init__(self, cp: Any, src: Any, sm_count: int, *a: Any):
+            pass
+
+        def __call__(self, *_: Any) -> None:
+            simgpu.spend(FLUSH_US / 1e3)
+
+    monkeypatch.setitem(sys.modules, "cupy", simgpu.sim_cupy())
+    monkeypatch.setattr(gemvx, "cupy_gemv", fake_gemv)
+    monkeypatch.setattr(_measure, "StreamRead", FakeRead)
+    monkeypatch.setattr(_core, "gpu_count", lambda: 1)
+    monkeypatch.setattr(_core, "device_properties", lambda d: dict(tune._DRY_PROPS))
+
+    user, _ = dirs
+    raw = tmp_path / "raw.json"
+    argv = ["--dtypes", "float16,float32", "--layouts", "N,T", "--batches", "1",
+            "--shapes", "64x96,33x40", "--raw", str(raw)]
+    assert tune.main(argv) == 1  # config `bad` failed its checks
+    out = capsys.readouterr()
+    assert f"config {bad}/1 FAILED" in out.err and "FAILED the check" in out.out
+    entries = json.loads((user / "sm_90_nvidia-h200.json").read_text())["entries"]
+    assert len(entries) == 8
+    for e in entries:
+        assert (e["config"], e["splits"]) == (win[e["layout"]], 1)  # fastest; fewest splits among equals
+        assert e["us"] == pytest.approx(5.0)  # the flush's time is taken off
+    records = json.loads(raw.read_text())["points"]
+    for rec in records:
+        assert {r["config"] for r in rec["results"] if r["status"] == "FAIL"} == ({bad} if rec["layout"] == "N" else set())
+        for r in rec["results"]:
+            if r["status"] == "ok":
+                assert r["us"] == pytest.approx(cost_us(r["config"], r["splits"]))
+    # merge: re-tune one shape, keep the other's entries
+    assert tune.main(argv[:6] + ["--shapes", "64x96", "--merge"]) == 1
+    assert len(json.loads((user / "sm_90_nvidia-h200.json").read_text())["entries"]) == 8
 
 
 # ---- on the GPU ------------------------------------------------------------------------------
@@ -321,3 +397,7 @@ def test_tune_small_grid(dirs: tuple[Path, Path], tmp_path: Path, capsys: pytest
     # a second run with --merge over one shape keeps the other shape's entries
     assert tune.main(argv[:6] + ["--shapes", "257x1031", "--merge"]) == 0
     assert len(json.loads(path.read_text())["entries"]) == 8
+    # a time limit that stops the run before its first point: exit status 1, old entries kept
+    assert tune.main(argv[:6] + ["--shapes", "4096x4096", "--merge", "--time-limit", "1e-9"]) == 1
+    data = json.loads(path.read_text())
+    assert len(data["entries"]) == 8 and data["runs"][-1]["points_tuned"] == 0

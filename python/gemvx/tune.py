@@ -355,9 +355,11 @@ class _Timer:
 
 
 def _tune_points(cp: Any, props: dict, points: list[Point], cands: list[list],
-                 befores: list[tuple[int, int]], progress: Progress, replays: int) -> list[dict]:
-    """Check and time every candidate of every point; one record per point. Points that share
-    W (the batches of one shape) reuse its copies."""
+                 befores: list[tuple[int, int] | None], progress: Progress, replays: int,
+                 deadline: float) -> list[dict]:
+    """Check and time every candidate of every point, one record per point, until ``deadline``
+    (time.time()) passes: the points not started by then get no record. Points that share W
+    (the batches of one shape) reuse its copies."""
     from . import _measure as me
 
     timer = _Timer(cp, props["sm_count"], props["l2_bytes"])
@@ -365,6 +367,9 @@ def _tune_points(cp: Any, props: dict, points: list[Point], cands: list[list],
     Ws, w_key = None, None
     with timer.stream:
         for p, cand, before in zip(points, cands, befores):
+            if time.time() > deadline:
+                progress.write(f"time limit reached: {len(points) - len(records)} points not tuned")
+                break
             pl = timing_plan(p, props["l2_bytes"])
             dt = me.np_dtype(p.dtype)
             rs = cp.random.RandomState(DTYPE_CODES[p.dtype] * 1000003 + p.M * 7919 + p.K)
@@ -379,9 +384,9 @@ def _tune_points(cp: Any, props: dict, points: list[Point], cands: list[list],
             xs = me.random_normal(cp, rs, (pl.reps,) + xshape, dt)
             ys = cp.empty((pl.reps,) + xshape[:-1] + (p.M,), dtype=dt)
             rec = _tune_point(cp, timer, p, pl, cand, Ws, xs, ys, replays, progress)
-            rec["before"] = list(before)
+            rec["before"] = None if before is None else list(before)
             rec["before_us"] = next((r["us"] for r in rec["results"] if r["status"] == "ok"
-                                     and (r["config"], r["splits"]) == tuple(before)), None)
+                                     and (r["config"], r["splits"]) == before), None)
             records.append(rec)
             del xs, ys
     return records
@@ -514,6 +519,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--all-configs", action="store_true",
                     help="try every config of the layout for every batch")
     ap.add_argument("--replays", type=int, default=REPLAYS, help="timed graph replays per candidate")
+    ap.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
+                    help="start no new point after this long; the table gets the points done "
+                         "(with --merge the old entries of the others stay)")
     ap.add_argument("--device", type=int, default=0, help="CUDA device index (default 0)")
     ap.add_argument("--dry-run", action="store_true",
                     help="print the grid, the number of timings and the expected time; needs no GPU")
@@ -522,6 +530,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error("--replays must be >= 1")
     if a.max_w_mib <= 0:
         ap.error("--max-w-mib must be > 0")
+    if a.time_limit is not None and a.time_limit <= 0:
+        ap.error("--time-limit must be > 0")
     return a
 
 
@@ -552,10 +562,15 @@ def main(argv: list[str] | None = None) -> int:
     cands, befores = [], []
     for p in points:
         c = candidates(p, all_configs=args.all_configs)
-        cid, s = _table.select(arch, props["name"], props["sm_count"], p.dtype, p.layout, p.batch,
-                               p.M, p.K)
-        before = (cid, effective_splits(_problem(p), cid, s))
-        cands.append(c if before in c else c + [before])
+        try:  # what gemvx runs today, to report the gain; a table it cannot load is no obstacle
+            cid, s = _table.select(arch, props["name"], props["sm_count"], p.dtype, p.layout,
+                                   p.batch, p.M, p.K)
+            before = (cid, effective_splits(_problem(p), cid, s))
+        except ValueError as exc:
+            if not any(b is None for b in befores):  # say it once
+                print(f"gemvx.tune: the current table cannot be used ({exc})", file=sys.stderr)
+            before = None
+        cands.append(c if before is None or before in c else c + [before])
         befores.append(before)
     n_timings = sum(map(len, cands))
     est = estimate_seconds(points, [len(c) for c in cands], props["l2_bytes"])
@@ -592,7 +607,8 @@ def main(argv: list[str] | None = None) -> int:
     progress = Progress(n_timings, est)
     try:
         with cp.cuda.Device(args.device):
-            records = _tune_points(cp, props, points, cands, befores, progress, args.replays)
+            records = _tune_points(cp, props, points, cands, befores, progress, args.replays,
+                                   t0 + (args.time_limit or math.inf))
     finally:
         progress.close()
     elapsed = time.time() - t0
@@ -600,7 +616,8 @@ def main(argv: list[str] | None = None) -> int:
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ"),
         "device": props["name"], "arch": arch, "gemvx": __version__,
         "cuda_runtime": _build_info().get("cuda_runtime"),
-        "points": len(points), "timings": n_timings, "seconds": round(elapsed, 1),
+        "points": len(points), "points_tuned": len(records), "timings": n_timings,
+        "seconds": round(elapsed, 1),
         "grid": {"dtypes": args.dtypes, "layouts": args.layouts, "batches": args.batches,
                  "quick": args.quick, "shapes": args.shapes, "max_w_mib": args.max_w_mib,
                  "all_configs": args.all_configs},
@@ -614,6 +631,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gemvx.tune: {w}", file=sys.stderr)
     print(summary(records, out, elapsed, est))
     n_fail = sum(r["status"] == "FAIL" for rec in records for r in rec["results"])
+    if len(records) < len(points):
+        print(f"gemvx.tune: the time limit stopped the run: {len(points) - len(records)} of "
+              f"{len(points)} points not tuned", file=sys.stderr)
     return 1 if n_fail or len(entries) < len(points) else 0
 
 
