@@ -28,12 +28,11 @@ import math
 import os
 import sys
 from pathlib import Path
-from typing import Any
 
 MIB = 1 << 20
 # Peers, in column order: key in the JSON, column name.
 PEERS = (("cublas", "cuBLAS"), ("torch", "torch"), ("triton", "Triton"), ("xla", "jnp.dot"))
-# Implementations drawn in the plots: key, legend label, timing mode used.
+# Implementations drawn in the plots: key, legend label, colour, line style.
 PLOT_IMPLS = (("gemvx", "gemvx, CuPy door (graph)", "C0", "-"),
               ("gemv_ffi", "gemvx, JAX door (profiler)", "C0", ":"),
               ("cublas", "cuBLAS, cupy.matmul (eager)", "C1", "-"),
