@@ -1,55 +1,80 @@
 #!/usr/bin/env python3
-"""gemvx benchmark: gemvx against cuBLAS (through CuPy and torch) and an autotuned Triton GEMV.
+"""gemvx benchmark: both doors of gemvx against cuBLAS, torch, XLA and an autotuned Triton GEMV.
 
-    python benchmarks/bench.py [--quick] [--dtypes float16,bfloat16,float32]
-                               [--shapes 1024x1024,...] [--transpose] [--json out.json]
-                               [--configs]
+    python benchmarks/bench.py [--quick] [--dtypes float16,bfloat16,float32] [--layouts N,T]
+                               [--batches 1,4,16] [--shapes 1024x1024,...] [--json PATH]
+                               [--no-jax] [--no-torch] [--no-triton] [--no-cublas] [--dry-run]
+
+For every case (dtype, layout, batch, M, K) it times:
+  * gemvx, CuPy door (``gemvx.cupy_gemv``): CUDA-graph replays, and eagerly;
+  * cuBLAS through CuPy (``cupy.matmul``): graph if CuPy can capture it (it cannot today), else
+    eagerly, compared with gemvx's eager time;
+  * torch (``torch.mv``; ``torch.mm`` for a batch of vectors) under a torch CUDA graph;
+  * the autotuned Triton GEMV of triton_gemv.py (one vector: batch 1 only) under a torch graph;
+  * gemvx, JAX door (``gemvx.gemv_ffi``) and XLA's ``jnp.dot``: device time per call inside one
+    jitted program, from JAX's profiler.
 
 Method (DESIGN.md section 6; benchmarks/README.md has the long form):
   * Ceiling: a streaming-read kernel of our own (16-byte loads over >= 1 GiB, one value written
-    per block) gives the read-bandwidth ceiling used for the "%ceil" column; a device-to-device
-    copy (read + write bytes counted) is reported beside it.
-  * Working set: every shape gets n copies of (W, x, y) with n * bytes >= 4x L2 (2 copies when
-    W alone is >= 4x L2; capped at 8 GiB), and call i uses copy i % n, so W comes from HBM.
-  * Correctness before timing: each implementation's result on copy 0 is compared with a float64
-    reference computed on the GPU; a result outside the dtype's tolerance is FAIL and not timed.
-  * Timing: R calls (20..100, a multiple of n) are captured into one CUDA graph; replays are timed
-    with CUDA events, per-call time = replay time / R, median over the replays (after warm-up
-    replays). Eager numbers (events around R back-to-back calls from Python, so they include
-    launch overhead) are reported for gemvx, and for a peer whose graph capture failed; eager
-    numbers are marked with a trailing "e" and compared only with gemvx's eager number.
-  * Bytes per call = W + x + y. GB/s = bytes / per-call time (1 GB = 1e9 B).
+    per block) gives the read-bandwidth ceiling of "%ceil"; a device-to-device copy is reported
+    beside it.
+  * Working set: n copies of (W, x, y) with n * bytes >= 4x L2 (2 copies when W alone is >= 4x
+    L2; capped at 8 GiB), call i uses copy i % n, so W comes from HBM.
+  * Correctness before timing: each implementation's result on copy 0 (output poisoned with NaN
+    first) is compared with a float64 reference computed on the GPU; FAIL means not timed.
+  * Graph timing: R calls captured into one CUDA graph; replays timed with CUDA events;
+    per-call = replay / R, median over replays. Eager: events around R back-to-back calls.
+  * Bytes per call = W + x + y; GB/s = bytes / per-call time (1 GB = 1e9 B).
 
-CuPy, torch, triton and gemvx are imported inside functions so that ``--help`` works anywhere.
+Output: progress on stderr; the report (benchmarks/report.py: a table per (dtype, layout,
+batch), the summary, the TARGETS check) on stdout; ``--json`` writes every number; with
+matplotlib installed the plots are written next to the JSON. Parts of a full run (split by
+--dtypes/--layouts/--batches) are merged by ``python benchmarks/report.py A.json B.json ...``.
+
+CuPy, torch, triton, JAX and gemvx are imported inside functions: ``--help`` and ``--dry-run``
+need none of them but gemvx.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import glob
+import gzip
 import json
 import math
 import os
 import platform
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 from typing import Any, Callable
 
-DEFAULT_SHAPES = [(1024, 1024), (2048, 2048), (4096, 4096), (8192, 8192), (28672, 8192),
-                  (128256, 4096), (256, 65536), (65536, 256), (1000, 4096)]
+HERE = os.path.dirname(os.path.abspath(__file__))
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
+
+import report  # noqa: E402  (benchmarks/report.py: tables, targets, plots)
+
 ALL_DTYPES = ("float16", "bfloat16", "float32")
-# Relative-norm tolerance against the float64 reference, per dtype.
+ALL_LAYOUTS = ("N", "T")
+ALL_BATCHES = (1, 4, 16)
+SQUARES = (512, 1024, 2048, 4096, 8192, 16384)
+QUICK_SHAPES = ((1024, 1024), (4096, 4096), (256, 65536), (28672, 8192))
+QUICK_BATCHES = (1, 16)
+# Relative-norm tolerance against the float64 reference for every implementation (peers
+# included: torch may reduce fp16 in reduced precision, XLA picks its own fusions).
 TOL = {"float32": 1e-4, "float16": 5e-3, "bfloat16": 3e-2}
 L2_FACTOR = 4                  # working set >= L2_FACTOR x L2
-MAX_SET_BYTES = 8 << 30        # cap on the rotated working set of one shape
+MAX_SET_BYTES = 8 << 30        # cap on the rotated working set of one case
 MAX_COPIES = 256               # cap on the number of rotated copies (tiny shapes)
 REPS_MIN, REPS_MAX = 20, 100   # calls per captured graph (before rounding to a multiple of n)
-CONFIG_SPLITS = (1, 2, 4, 8, 16)
 
 
 def log(msg: str) -> None:
-    """Progress goes to stderr; the report (header, table) goes to stdout at the end."""
+    """Progress goes to stderr; the report goes to stdout at the end."""
     print(msg, file=sys.stderr, flush=True)
 
 
@@ -70,6 +95,12 @@ def _cupy():
 def _np():
     import numpy
     return numpy
+
+
+def _me():
+    """gemvx's measurement helpers (operands, float64 reference, error, poison, read kernel)."""
+    from gemvx import _measure
+    return _measure
 
 
 _OPTIONAL: dict[str, Any] = {}
@@ -94,12 +125,9 @@ def _triton_gemv_or_none() -> tuple[Any, str]:
     if "triton" not in _OPTIONAL:
         torch, why = _torch_or_none()
         if torch is None:
-            _OPTIONAL["triton"] = (None, f"Triton peer needs torch: {why}")
+            _OPTIONAL["triton"] = (None, f"the Triton peer needs torch: {why}")
         else:
             try:
-                here = os.path.dirname(os.path.abspath(__file__))
-                if here not in sys.path:
-                    sys.path.insert(0, here)
                 import triton_gemv
                 _OPTIONAL["triton"] = (triton_gemv, "")
             except Exception as exc:
@@ -107,13 +135,18 @@ def _triton_gemv_or_none() -> tuple[Any, str]:
     return _OPTIONAL["triton"]
 
 
-def _dtype(name: str):
-    """NumPy dtype object for a dtype name (bfloat16 comes from ml_dtypes)."""
-    np = _np()
-    if name == "bfloat16":
-        import ml_dtypes
-        return np.dtype(ml_dtypes.bfloat16)
-    return np.dtype(name)
+def _jax_or_none() -> tuple[Any, str]:
+    """JAX with a GPU backend (memory not preallocated, so CuPy and torch keep theirs)."""
+    if "jax" not in _OPTIONAL:
+        os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+        try:
+            import jax
+            backend = jax.default_backend()
+        except Exception as exc:  # noqa: BLE001
+            _OPTIONAL["jax"] = (None, f"jax not usable ({_short(exc, 120)})")
+        else:
+            _OPTIONAL["jax"] = (jax, "") if backend == "gpu" else (None, f"JAX backend is {backend}, not gpu")
+    return _OPTIONAL["jax"]
 
 
 def _torch_dtype(torch, name: str):
@@ -136,11 +169,27 @@ def _to_torch(torch, cp, a, dtype_name: str):
     return t
 
 
+def _to_jax(jax, cp, a):
+    """Share a CuPy array with JAX through DLPack (copy through the host if that fails)."""
+    try:
+        return jax.dlpack.from_dlpack(a)
+    except Exception:  # noqa: BLE001
+        return jax.numpy.asarray(cp.asnumpy(a))
+
+
 def _sync_all() -> None:
-    """Wait for all work on the device from both frameworks (cross-framework ordering)."""
+    """Wait for all work on the device from every framework (cross-framework ordering)."""
     _cupy().cuda.Device().synchronize()
-    if "torch" in sys.modules and _OPTIONAL.get("torch", (None,))[0] is not None:
-        sys.modules["torch"].cuda.synchronize()
+    torch = (_OPTIONAL.get("torch") or (None,))[0]
+    if torch is not None:
+        torch.cuda.synchronize()
+
+
+def _free_pools() -> None:
+    _cupy().get_default_memory_pool().free_all_blocks()
+    torch = (_OPTIONAL.get("torch") or (None,))[0]
+    if torch is not None:
+        torch.cuda.empty_cache()
 
 
 # =============================================================================================
@@ -320,6 +369,54 @@ def time_eager(fn: Callable[[int], Any], reps: int, replays: int, *, warmup: int
     return _summary([m * 1e3 / reps for m in ms], reps, replays, "eager")
 
 
+def time_jit(jax, op: Callable[[Any, Any], Any], Ws: list, xs: list, reps: int, runs: int) -> dict:
+    """Per-call device time of ``op`` inside one jitted program, read from JAX's profiler: R calls,
+    call i on W copy i % n and its own x, each call's operands behind an optimization_barrier so
+    XLA cannot merge dots that share a W copy (without it XLA turns them into one product). The
+    program runs ``runs`` times inside one ``jax.profiler.trace``; the GPU kernels of each run
+    (every kernel XLA launched for the program: ours, or cuBLAS / XLA fusions for jnp.dot;
+    copies and memsets excluded) are summed and divided by R, median over the runs. Host
+    dispatch and launch gaps between kernels are not counted."""
+    n, R = len(Ws), reps
+
+    def prog(Wl, xl):
+        return [op(*jax.lax.optimization_barrier((Wl[i % n], xl[i]))) for i in range(R)]
+
+    f = jax.jit(prog)
+    jax.block_until_ready(f(Ws, xs[:R]))
+    d = tempfile.mkdtemp(prefix="gemvx-bench-")
+    try:
+        with jax.profiler.trace(d, create_perfetto_trace=True):
+            for _ in range(runs):
+                jax.block_until_ready(f(Ws, xs[:R]))
+        paths = glob.glob(f"{d}/**/perfetto_trace.json.gz", recursive=True)
+        if not paths:
+            raise RuntimeError("JAX's profiler wrote no perfetto trace")
+        with gzip.open(paths[0]) as fh:
+            tr = json.load(fh)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+    return _summary(kernel_us_per_call(tr, runs, R), R, runs, "jit")
+
+
+def kernel_us_per_call(trace: Any, runs: int, calls: int) -> list[float]:
+    """From a perfetto trace of ``runs`` runs of a program of ``calls`` calls: per run, the summed
+    duration (us) of the kernels on the GPU timelines (copies and memsets excluded) / calls.
+    The kernels are cut into runs by start time, in equal numbers (every run launches the same
+    kernels); if they do not divide evenly, one mean over all runs is returned."""
+    ev = trace["traceEvents"] if isinstance(trace, dict) else trace
+    gpu = {e["pid"] for e in ev if e.get("ph") == "M" and e.get("name") == "process_name"
+           and "GPU" in str(e.get("args", {}).get("name", ""))}
+    kernels = sorted((e["ts"], e["dur"]) for e in ev if e.get("ph") == "X" and e.get("pid") in gpu
+                     and "dur" in e and not any(w in e.get("name", "").lower() for w in ("memcpy", "memset")))
+    if not kernels:
+        raise RuntimeError("no GPU kernels in the profile")
+    if len(kernels) % runs:
+        return [sum(dur for _, dur in kernels) / (runs * calls)]
+    per = len(kernels) // runs
+    return [sum(dur for _, dur in kernels[i * per:(i + 1) * per]) / calls for i in range(runs)]
+
+
 # =============================================================================================
 # Environment and bandwidth ceiling
 # =============================================================================================
@@ -345,99 +442,47 @@ def device_info(cp) -> dict:
     }
 
 
-def versions(cp) -> dict:
+def versions(cp, use_jax: bool) -> dict:
     out = {"python": platform.python_version(), "numpy": _np().__version__, "cupy": cp.__version__}
     try:
         import gemvx
         out["gemvx"] = gemvx.__version__
-        try:
-            out["gemvx_build"] = {k: (v if isinstance(v, (int, float, str, bool)) or v is None else str(v))
-                                  for k, v in gemvx.build_info().items()}
-        except Exception as exc:
-            out["gemvx_build"] = _short(exc)
+        out["gemvx_build"] = {k: (v if isinstance(v, (int, float, str, bool)) or v is None else str(v))
+                              for k, v in gemvx.build_info().items()}
     except Exception as exc:
         out["gemvx"] = f"not importable ({_short(exc)})"
     torch, _ = _torch_or_none()
     if torch is not None:
         out["torch"] = torch.__version__
         out["torch_cuda"] = getattr(torch.version, "cuda", None)
-    try:
-        import triton
-        out["triton"] = triton.__version__
-    except Exception:
-        pass
-    try:
-        import ml_dtypes
-        out["ml_dtypes"] = ml_dtypes.__version__
-    except Exception:
-        pass
-    jax, _ = _jax_or_none()
+    for mod in ("triton", "ml_dtypes"):
+        try:
+            out[mod] = __import__(mod).__version__
+        except Exception:
+            pass
+    jax = _jax_or_none()[0] if use_jax else None
     if jax is not None:
         out["jax"] = jax.__version__
+        try:
+            import jaxlib
+            out["jaxlib"] = jaxlib.__version__
+        except Exception:
+            pass
     return out
-
-
-# Streaming read: grid-stride over 16-byte words, 4 independent loads in flight per thread,
-# XOR-folded so no load can be dropped; one 32-bit value written per block.
-_READ_KERNEL = r"""
-extern "C" __global__ void __launch_bounds__(256)
-gemvx_bench_read_@TAG@(const uint4* __restrict__ src, unsigned long long n16,
-                       unsigned int* __restrict__ out) {
-  unsigned int acc = 0u;
-  const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
-  unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
-  for (; i + 3 * stride < n16; i += 4 * stride) {
-    uint4 a = @LOAD@(i);
-    uint4 b = @LOAD@(i + stride);
-    uint4 c = @LOAD@(i + 2 * stride);
-    uint4 d = @LOAD@(i + 3 * stride);
-    acc ^= (a.x ^ a.y ^ a.z ^ a.w) ^ (b.x ^ b.y ^ b.z ^ b.w)
-         ^ (c.x ^ c.y ^ c.z ^ c.w) ^ (d.x ^ d.y ^ d.z ^ d.w);
-  }
-  for (; i < n16; i += stride) {
-    uint4 a = @LOAD@(i);
-    acc ^= a.x ^ a.y ^ a.z ^ a.w;
-  }
-  for (int o = 16; o > 0; o >>= 1) acc ^= __shfl_xor_sync(0xffffffffu, acc, o);
-  __shared__ unsigned int block_acc;
-  if (threadIdx.x == 0) block_acc = 0u;
-  __syncthreads();
-  if ((threadIdx.x & 31) == 0) atomicXor(&block_acc, acc);
-  __syncthreads();
-  if (threadIdx.x == 0) out[blockIdx.x] = block_acc;
-}
-"""
-_READ_VARIANTS = {"ld": "src[IDX]", "ldcs": "__ldcs(src + IDX)"}  # plain load / evict-first load
 
 
 def measure_ceiling(cp, nbytes: int, sm_count: int, runs: int) -> dict:
     """Read-bandwidth ceiling (best of a few variants of our read kernel) and D2D copy GB/s."""
-    np = _np()
+    me = _me()
     nbytes = nbytes // 16 * 16
-    n16 = nbytes // 16
     src = cp.empty(nbytes, dtype=cp.uint8)
     src.fill(1)
     variants = []
-    for tag, load in _READ_VARIANTS.items():
-        # @LOAD@(expr) -> the variant's load with IDX = (expr)
-        code = _READ_KERNEL.replace("@TAG@", tag)
-        for expr in ("i + 3 * stride", "i + 2 * stride", "i + stride", "i"):
-            code = code.replace(f"@LOAD@({expr})", load.replace("IDX", f"({expr})"))
-        try:
-            kern = cp.RawKernel(code, f"gemvx_bench_read_{tag}")
-        except Exception as exc:
-            variants.append({"variant": tag, "error": _short(exc)})
-            continue
+    for tag in me.READ_VARIANTS:
         for per_sm in (4, 8, 16):
-            blocks = max(1, sm_count) * per_sm
-            out = cp.empty(blocks, dtype=cp.uint32)
-            args = (src, np.uint64(n16), out)
-
-            def launch(_i, kern=kern, blocks=blocks, args=args):
-                kern((blocks,), (256,), args)
-
             try:
-                t = time_eager(launch, 1, runs, warmup=2)
+                kern = me.StreamRead(cp, src, sm_count, tag, per_sm)
+                t = time_eager(kern, 1, runs, warmup=2)
             except Exception as exc:
                 variants.append({"variant": tag, "blocks_per_sm": per_sm, "error": _short(exc)})
                 continue
@@ -445,7 +490,6 @@ def measure_ceiling(cp, nbytes: int, sm_count: int, runs: int) -> dict:
                              "gbps": nbytes / (t["us"] * 1e-6) / 1e9})
     ok = [v for v in variants if "gbps" in v]
     best = max(ok, key=lambda v: v["gbps"]) if ok else None
-    copy = None
     try:
         dst = cp.empty_like(src)
         t = time_eager(lambda _i: cp.copyto(dst, src), 1, runs, warmup=2)
@@ -460,18 +504,15 @@ def measure_ceiling(cp, nbytes: int, sm_count: int, runs: int) -> dict:
 
 
 # =============================================================================================
-# Operands, reference, checks
+# Operands and checks
 # =============================================================================================
 
-def plan_copies(M: int, K: int, itemsize: int, l2_bytes: int, free_bytes: int) -> tuple[int, int]:
+def plan_copies(M: int, K: int, batch: int, itemsize: int, l2_bytes: int, free_bytes: int) -> tuple[int, int]:
     """(number of rotated copies, bytes of one copy of W + x + y)."""
     w_bytes = M * K * itemsize
-    per = w_bytes + (M + K) * itemsize
+    per = w_bytes + batch * (M + K) * itemsize
     cap = min(MAX_SET_BYTES, int(free_bytes * 0.4))
-    if w_bytes >= L2_FACTOR * l2_bytes:
-        n = 2
-    else:
-        n = math.ceil(L2_FACTOR * l2_bytes / per)
+    n = 2 if w_bytes >= L2_FACTOR * l2_bytes else math.ceil(L2_FACTOR * l2_bytes / per)
     n = max(2, min(n, MAX_COPIES, cap // per if per else MAX_COPIES))
     return n, per
 
@@ -488,78 +529,16 @@ def choose_reps(n: int, call_bytes: int, quick: bool) -> int:
     return math.ceil(r / n) * n
 
 
-def make_operands(cp, dtype_name: str, M: int, K: int, transpose: bool, n: int, seed: int):
-    """n random copies of W ((M, K), or (K, M) with transpose) and x, standard normal."""
-    dt = _dtype(dtype_name)
+def make_operands(cp, dtype_name: str, M: int, K: int, transpose: bool, batch: int, n: int, seed: int):
+    """n random copies of W ((M, K), or (K, M) with transpose) and x ((K,) or (batch, K))."""
+    me = _me()
+    dt = me.np_dtype(dtype_name)
     rs = cp.random.RandomState(seed)
     shape = (K, M) if transpose else (M, K)
-    Ws = [_from_f32(cp, rs.standard_normal(shape, dtype=cp.float32), dt) for _ in range(n)]
-    xs = [_from_f32(cp, rs.standard_normal((K,), dtype=cp.float32), dt) for _ in range(n)]
+    xshape = (K,) if batch == 1 else (batch, K)
+    Ws = [me.random_normal(cp, rs, shape, dt) for _ in range(n)]
+    xs = [me.random_normal(cp, rs, xshape, dt) for _ in range(n)]
     return Ws, xs
-
-
-def _is_bf16(a) -> bool:
-    return a.dtype.name == "bfloat16"
-
-
-def _from_f32(cp, a, dt):
-    """float32 CuPy array -> dtype dt. bfloat16: CuPy's cast, else round-to-nearest-even on the
-    bits (only the dtype object is needed from CuPy then)."""
-    if a.dtype == dt:
-        return a
-    if dt.name != "bfloat16":
-        return a.astype(dt)
-    try:
-        return a.astype(dt)
-    except Exception:
-        u = a.view(cp.uint32)
-        r = (u + cp.uint32(0x7FFF) + ((u >> 16) & cp.uint32(1))) >> 16
-        return r.astype(cp.uint16).view(dt)
-
-
-def _as_f64(cp, a):
-    """CuPy array -> float64 (bfloat16 through its bits if CuPy cannot cast it)."""
-    if not _is_bf16(a):
-        return a.astype(cp.float64)
-    try:
-        return a.astype(cp.float64)
-    except Exception:
-        return (a.view(cp.uint16).astype(cp.uint32) << 16).view(cp.float32).astype(cp.float64)
-
-
-def reference(cp, W, x, transpose: bool):
-    """float64 y = op(W) @ x on the GPU, in row chunks of <= 256 MiB of float64."""
-    f64 = cp.float64
-    x64 = _as_f64(cp, x)
-    if not transpose:
-        M, K = W.shape
-        step = max(1, (256 << 20) // (8 * K))
-        ref = cp.empty(M, dtype=f64)
-        for r0 in range(0, M, step):
-            ref[r0:r0 + step] = _as_f64(cp, W[r0:r0 + step]) @ x64
-    else:
-        K, M = W.shape
-        step = max(1, (256 << 20) // (8 * M))
-        ref = cp.zeros(M, dtype=f64)
-        for k0 in range(0, K, step):
-            ref += x64[k0:k0 + step] @ _as_f64(cp, W[k0:k0 + step])
-    return ref
-
-
-def rel_err(cp, y, ref) -> float:
-    num = float(cp.linalg.norm(_as_f64(cp, y) - ref))
-    den = float(cp.linalg.norm(ref))
-    return num / den if den > 0 else num
-
-
-# Quiet-NaN bit patterns by dtype name (filled through an integer view: no float kernel needed).
-_NAN_BITS = {"float16": ("uint16", 0x7E00), "bfloat16": ("uint16", 0x7FC0), "float32": ("uint32", 0x7FC00000)}
-
-
-def _poison(y) -> None:
-    """Fill an output with NaN so an implementation that writes nothing cannot pass the check."""
-    kind, bits = _NAN_BITS[y.dtype.name]
-    y.view(kind).fill(bits)
 
 
 def run_impl(cp, name: str, fn: Callable[[int], Any], out0, ref, tol: float, reps: int,
@@ -569,14 +548,15 @@ def run_impl(cp, name: str, fn: Callable[[int], Any], out0, ref, tol: float, rep
 
     out0: the CuPy array that call 0 writes. Returns a dict with status ok / FAIL / ERR.
     """
+    me = _me()
     res: dict[str, Any] = {"name": name, "framework": framework, "status": "ok"}
     try:
         _sync_all()
-        _poison(out0)
+        me.poison(out0)
         _sync_all()
         fn(0)
         _sync_all()
-        err = rel_err(cp, out0, ref)
+        err = me.rel_err(cp, out0, ref)
     except Exception as exc:
         res.update(status="ERR", error=_short(exc))
         return res
@@ -592,7 +572,7 @@ def run_impl(cp, name: str, fn: Callable[[int], Any], out0, ref, tol: float, rep
             eager = eager or eager_if_graph_fails
             _sync_all()
         else:
-            post = rel_err(cp, out0, ref)  # the replayed graph wrote copy 0 again
+            post = me.rel_err(cp, out0, ref)  # the replayed graph wrote copy 0 again
             res["post_rel_err"] = post
             if not math.isfinite(post) or post > tol:
                 res.update(status="FAIL", error=f"after graph replay: relative error {post:.3g} > {tol:g}")
@@ -608,186 +588,88 @@ def run_impl(cp, name: str, fn: Callable[[int], Any], out0, ref, tol: float, rep
     return res
 
 
-def gemvx_pick(dtype_name: str, layout: str, M: int, K: int):
-    """(config id, splits) the gemvx table picks for this problem; None if unavailable.
-
-    Uses gemvx internals (_core.device_properties, _table.select); informational only."""
+def gemvx_pick(dtype_name: str, layout: str, batch: int, M: int, K: int):
+    """(config id, splits) the gemvx table picks for this problem; None if unavailable."""
     try:
         from gemvx import _core, _table
-        cp = _cupy()
-        props = _core.device_properties(cp.cuda.Device().id)
+        props = _core.device_properties(_cupy().cuda.Device().id)
         return tuple(_table.select(f"sm_{props['major']}{props['minor']}", props["name"],
-                                   props["sm_count"], dtype_name, layout, 1, M, K))
+                                   props["sm_count"], dtype_name, layout, batch, M, K))
     except Exception:
         return None
 
 
-def _free_pools() -> None:
-    cp = _cupy()
-    cp.get_default_memory_pool().free_all_blocks()
-    torch, _ = (_OPTIONAL.get("torch") or (None, ""))
-    if torch is not None:
-        torch.cuda.empty_cache()
+def _na(name: str, why: str) -> dict:
+    return {"name": name, "status": "n/a", "error": why}
 
 
 # =============================================================================================
-# Benchmark of one (dtype, shape)
+# One case
 # =============================================================================================
 
-def _jax_or_none() -> tuple[Any, str]:
-    """JAX with a GPU backend (memory not preallocated, so CuPy and torch keep theirs)."""
-    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-    try:
-        import jax
-    except Exception as exc:  # noqa: BLE001
-        return None, f"jax not importable ({_short(exc, 120)})"
-    if jax.default_backend() != "gpu":
-        return None, f"JAX backend is {jax.default_backend()}, not gpu"
-    return jax, ""
-
-
-def _to_jax(jax, cp, a):
-    """Share a CuPy array with JAX through DLPack (copy through the host if that fails)."""
-    try:
-        return jax.dlpack.from_dlpack(a)
-    except Exception:  # noqa: BLE001
-        return jax.numpy.asarray(cp.asnumpy(a))
-
-
-def time_jit(jax, op: Callable[[Any, Any], Any], Ws: list, xs: list, reps: int, runs: int) -> float:
-    """Per-call device time of ``op`` inside one jitted program, read from JAX's profiler: R calls,
-    call i on W copy i % n and its own x, each call's operands behind an optimization_barrier so
-    XLA cannot merge dots that share a W copy (without it XLA turns them into one product). The
-    program runs under ``jax.profiler.trace``; the GPU kernels of the traced run (every kernel
-    XLA launched for the program: ours, or cuBLAS / XLA fusions for jnp.dot) are summed and
-    divided by R, median over ``runs`` traced runs. Host dispatch is not counted (it is the same
-    fixed cost for both doors); launch gaps between kernels are not counted either."""
-    import glob
-    import gzip
-    import tempfile
-
-    n, R = len(Ws), reps
-
-    def prog(Wl, xl):
-        return [op(*jax.lax.optimization_barrier((Wl[i % n], xl[i]))) for i in range(R)]
-
-    f = jax.jit(prog)
-    jax.block_until_ready(f(Ws, xs[:R]))
-    per_call = []
-    for _ in range(runs):
-        d = tempfile.mkdtemp(prefix="gemvx-bench-")
-        with jax.profiler.trace(d, create_perfetto_trace=True):
-            jax.block_until_ready(f(Ws, xs[:R]))
-        path = glob.glob(f"{d}/**/perfetto_trace.json.gz", recursive=True)[0]
-        with gzip.open(path) as fh:
-            tr = json.load(fh)
-        ev = tr["traceEvents"] if isinstance(tr, dict) else tr
-        gpu = {e["pid"] for e in ev if e.get("ph") == "M" and e.get("name") == "process_name"
-               and "GPU" in str(e.get("args", {}).get("name", ""))}
-        total = sum(e["dur"] for e in ev if e.get("ph") == "X" and e.get("pid") in gpu
-                    and "dur" in e and "memcpy" not in e.get("name", "").lower())
-        per_call.append(total / R)
-    return statistics.median(per_call)
-
-
-def run_jax(ctx: dict, rec: dict, dtype_name: str, Ws: list, xs: list, ref, tol: float,
-            reps: int, tr: bool) -> None:
-    """gemvx through the JAX door (gemv_ffi) and XLA's own jnp.dot, timed inside jit."""
-    cp = ctx["cp"]
-    jax, why = _jax_or_none() if not ctx["args"].no_jax else (None, "--no-jax")
-    if jax is None:
-        rec["impls"]["gemv_ffi"] = {"name": "gemv_ffi", "status": "n/a", "error": why}
-        rec["impls"]["xla"] = {"name": "jnp.dot", "status": "n/a", "error": why}
-        return
+def bench_case(ctx: dict, dtype_name: str, layout: str, batch: int, M: int, K: int) -> dict:
     import gemvx
-    jnp = jax.numpy
-    K = xs[0].shape[0]
-    Wj = [_to_jax(jax, cp, w) for w in Ws]
-    rng = jax.random.split(jax.random.PRNGKey(ctx["args"].seed), reps)
-    xj = [jax.random.normal(k, (K,), jnp.float32).astype(Wj[0].dtype) for k in rng]
-    xj[0] = _to_jax(jax, cp, xs[0])
-    ops = {
-        "gemv_ffi": ("gemv_ffi (jit)", lambda W, x: gemvx.gemv_ffi(W, x, transpose=tr)),
-        "xla": ("jnp.dot (jit)", (lambda W, x: jnp.dot(x, W)) if tr else (lambda W, x: jnp.dot(W, x))),
-    }
-    runs = 3 if ctx["args"].quick else 7
-    for key, (name, op) in ops.items():
-        r: dict[str, Any] = {"name": name, "status": "ERR"}
-        try:
-            y = jax.jit(op)(Wj[0], xj[0])
-            err = rel_err(cp, cp.asarray(jax.device_get(y).astype("float32")), ref)
-            r["rel_err"] = err
-            if not err < tol:
-                r.update(status="FAIL", error=f"rel err {err:.2e} > {tol:.0e}")
-            else:
-                us = time_jit(jax, op, Wj, xj, reps, runs)
-                r.update(status="ok", jit={"us": us})
-        except Exception as exc:  # noqa: BLE001
-            r["error"] = _short(exc, 300)
-        rec["impls"][key] = r
-    del Wj, xj
-
-
-def bench_shape(ctx: dict, dtype_name: str, M: int, K: int) -> dict:
-    import gemvx
-    cp = ctx["cp"]
-    args = ctx["args"]
-    tr = bool(args.transpose)
-    dt = _dtype(dtype_name)
-    itemsize = dt.itemsize
+    me = _me()
+    cp, args = ctx["cp"], ctx["args"]
+    tr = layout == "T"
+    dt = me.np_dtype(dtype_name)
     free, _ = cp.cuda.runtime.memGetInfo()
-    n, per = plan_copies(M, K, itemsize, ctx["device"]["l2_bytes"], free)
-    call_bytes = per
-    reps = args.reps or choose_reps(n, call_bytes, args.quick)
+    n, per = plan_copies(M, K, batch, dt.itemsize, ctx["device"]["l2_bytes"], free)
+    reps = args.reps or choose_reps(n, per, args.quick)
     replays = args.replays or (12 if args.quick else 30)
     warm = 3 if args.quick else 5
     rec: dict[str, Any] = {
-        "dtype": dtype_name, "M": M, "K": K, "transpose": tr, "layout": "T" if tr else "N",
-        "w_bytes": M * K * itemsize, "bytes_per_call": call_bytes, "copies": n,
+        "dtype": dtype_name, "layout": layout, "batch": batch, "M": M, "K": K,
+        "w_bytes": M * K * dt.itemsize, "bytes_per_call": per, "copies": n,
         "working_set_bytes": n * per, "working_set_over_l2": n * per / max(1, ctx["device"]["l2_bytes"]),
-        "reps": reps, "replays": replays, "impls": {},
+        "reps": reps, "replays": replays, "ceiling_gbps": ctx["ceiling_gbps"], "impls": {},
     }
-    log(f"[{dtype_name} {M}x{K}{' T' if tr else ''}] {n} copies, working set "
+    log(f"[{dtype_name} {layout} batch {batch} {M}x{K}] {n} copies, working set "
         f"{n * per / 2**20:.0f} MiB ({rec['working_set_over_l2']:.1f}x L2), R={reps}, replays={replays}")
-
     t0 = time.time()
-    Ws, xs = make_operands(cp, dtype_name, M, K, tr, n, args.seed + 7919 * M + K)
-    ref = reference(cp, Ws[0], xs[0], tr)
+    Ws, xs = make_operands(cp, dtype_name, M, K, tr, batch, n, args.seed + 7919 * M + 31 * K + batch)
+    ref = me.reference(cp, Ws[0], xs[0], tr)
     tol = TOL[dtype_name]
+    yshape = (M,) if batch == 1 else (batch, M)
     _sync_all()
     rec["setup_s"] = round(time.time() - t0, 3)
 
     def outs():
-        return [cp.empty(M, dtype=dt) for _ in range(n)]
+        return [cp.empty(yshape, dtype=dt) for _ in range(n)]
 
-    # --- gemvx (graph + eager) -----------------------------------------------------------
+    im = rec["impls"]
+    # --- gemvx, CuPy door (graph + eager) ------------------------------------------------
     yg = outs()
 
     def f_gemvx(i):
         j = i % n
         gemvx.cupy_gemv(Ws[j], xs[j], out=yg[j], transpose=tr)
 
-    r = run_impl(cp, "gemvx", f_gemvx, yg[0], ref, tol, reps, replays, "cupy", graph=True,
-                 eager=True, warmup=warm)
-    r["config"] = gemvx_pick(dtype_name, rec["layout"], M, K)
-    rec["impls"]["gemvx"] = r
+    im["gemvx"] = run_impl(cp, "gemvx.cupy_gemv", f_gemvx, yg[0], ref, tol, reps, replays, "cupy",
+                           graph=True, eager=True, warmup=warm)
+    im["gemvx"]["config"] = gemvx_pick(dtype_name, layout, batch, M, K)
     del yg
 
-    # --- cuBLAS through CuPy (graph if capturable, eager always) --------------------------
-    yc = outs()
+    # --- cuBLAS through CuPy (graph if capturable, eager always) ---------------------------
+    if args.no_cublas:
+        im["cublas"] = _na("cupy.matmul", "--no-cublas")
+    else:
+        yc = outs()
 
-    def f_cublas(i):
-        j = i % n
-        if tr:
-            cp.matmul(xs[j], Ws[j], out=yc[j])
-        else:
-            cp.matmul(Ws[j], xs[j], out=yc[j])
+        def f_cublas(i):
+            j = i % n
+            if tr:
+                cp.matmul(xs[j], Ws[j], out=yc[j])
+            elif batch == 1:
+                cp.matmul(Ws[j], xs[j], out=yc[j])
+            else:
+                cp.matmul(xs[j], Ws[j].T, out=yc[j])
 
-    rec["impls"]["cublas"] = run_impl(cp, "cuBLAS (cupy.matmul)", f_cublas, yc[0], ref, tol, reps,
-                                      replays, "cupy", graph=True, eager=True, warmup=warm)
-    del yc
+        im["cublas"] = run_impl(cp, "cupy.matmul", f_cublas, yc[0], ref, tol, reps, replays, "cupy",
+                                graph=True, eager=True, warmup=warm)
+        del yc
 
-    # --- torch (torch.mv -> cuBLAS) and Triton ---------------------------------------------
+    # --- torch (cuBLAS under torch) and Triton --------------------------------------------
     torch, why = _torch_or_none() if not args.no_torch else (None, "--no-torch")
     Wt = xt = None
     if torch is not None:
@@ -796,408 +678,170 @@ def bench_shape(ctx: dict, dtype_name: str, M: int, K: int) -> dict:
             xt = [_to_torch(torch, cp, v, dtype_name) for v in xs]
         except Exception as exc:
             torch, why = None, f"DLPack CuPy->torch failed ({_short(exc, 120)})"
+    tname = "torch.mv" if batch == 1 else "torch.mm"
     if torch is None:
-        rec["impls"]["torch"] = {"name": "torch.mv", "status": "n/a", "error": why}
+        im["torch"] = _na(tname, why)
     else:
         ytc = outs()
         ytt = [_to_torch(torch, cp, y, dtype_name) for y in ytc]
 
         def f_torch(i):
             j = i % n
-            if tr:
-                torch.mv(Wt[j].t(), xt[j], out=ytt[j])
+            if batch == 1:
+                torch.mv(Wt[j].t() if tr else Wt[j], xt[j], out=ytt[j])
             else:
-                torch.mv(Wt[j], xt[j], out=ytt[j])
+                torch.mm(xt[j], Wt[j] if tr else Wt[j].t(), out=ytt[j])
 
-        rec["impls"]["torch"] = run_impl(cp, "torch.mv", f_torch, ytc[0], ref, tol, reps, replays,
-                                         "torch", graph=True, eager=False, warmup=warm)
+        im["torch"] = run_impl(cp, tname, f_torch, ytc[0], ref, tol, reps, replays, "torch",
+                               graph=True, eager=False, warmup=warm)
         del ytc, ytt
 
     tg_mod, why_t = _triton_gemv_or_none() if not args.no_triton else (None, "--no-triton")
     if torch is None and tg_mod is not None:
-        tg_mod, why_t = None, f"Triton peer needs torch: {why}"
+        tg_mod, why_t = None, f"the Triton peer needs torch: {why}"
+    if batch > 1 and tg_mod is not None:
+        tg_mod, why_t = None, "the Triton peer computes one vector (batch 1 only)"
     if tg_mod is None:
-        rec["impls"]["triton"] = {"name": "triton", "status": "n/a", "error": why_t}
+        im["triton"] = _na("triton", why_t)
     else:
-        ytc = outs()
-        ytt = [_to_torch(torch, cp, y, dtype_name) for y in ytc]
-        r = {"name": "triton", "status": "ERR"}
-        try:
-            t1 = time.time()
-            tg = tg_mod.TritonGemv(M, K, _torch_dtype(torch, dtype_name), transpose=tr,
-                                   quick=args.quick)
-            _sync_all()
-            tg.tune(Wt[0], xt[0], ytt[0])   # autotune eagerly, before any capture
-            tune_s = time.time() - t1
+        im["triton"] = _run_triton(ctx, tg_mod, torch, dtype_name, M, K, tr, Wt, xt, outs(), ref,
+                                   tol, reps, replays, warm)
 
-            def f_triton(i):
-                j = i % n
-                tg(Wt[j], xt[j], ytt[j])
-
-            r = run_impl(cp, "triton", f_triton, ytc[0], ref, tol, reps, replays, "torch",
-                         graph=True, eager=False, warmup=warm)
-            r["tune_s"] = round(tune_s, 2)
-            r["config"] = tg.describe()
-            r["variants_us"] = {str(k): round(v, 3) for k, v in tg.variant_us.items()}
-            del tg
-        except Exception as exc:
-            r = {"name": "triton", "status": "ERR", "error": _short(exc, 300)}
-        rec["impls"]["triton"] = r
-        del ytc, ytt
-
+    # --- JAX door and XLA ------------------------------------------------------------------
     run_jax(ctx, rec, dtype_name, Ws, xs, ref, tol, reps, tr)
 
-    for key, r in rec["impls"].items():
-        _add_rates(r, call_bytes)
-    g = rec["impls"]["gemvx"]
-    if ctx.get("ceiling_gbps") and g.get("graph"):
+    for r in im.values():
+        for mode in ("graph", "eager", "jit"):
+            if r.get(mode):
+                r[mode]["gbps"] = per / (r[mode]["us"] * 1e-6) / 1e9
+    g = im["gemvx"]
+    if ctx["ceiling_gbps"] and g.get("graph"):
         g["pct_ceiling"] = 100.0 * g["graph"]["gbps"] / ctx["ceiling_gbps"]
-    rec["ratios"] = _ratios(rec["impls"])
-    ff, xla = rec["impls"].get("gemv_ffi", {}), rec["impls"].get("xla", {})
-    if ff.get("status") == "ok" and xla.get("status") == "ok":
-        rec["ratios"]["xla_vs_gemv_ffi"] = {"ratio": xla["jit"]["us"] / ff["jit"]["us"], "mode": "jit"}
-    if ff.get("status") == "ok" and g.get("graph"):
-        rec["ratios"]["gemv_ffi_vs_cupy"] = {"ratio": ff["jit"]["us"] / g["graph"]["us"], "mode": "jit"}
-    log("   " + "  ".join(f"{k}={_cell_us(v)}" for k, v in rec["impls"].items()))
+    log("   " + "  ".join(f"{k}={report._cell(v)}" for k, v in im.items()))
     del Wt, xt, Ws, xs, ref
     _free_pools()
     return rec
 
 
-def _add_rates(r: dict, call_bytes: int) -> None:
-    for mode in ("graph", "eager", "jit"):
-        if r.get(mode):
-            r[mode]["gbps"] = call_bytes / (r[mode]["us"] * 1e-6) / 1e9
+def _run_triton(ctx, tg_mod, torch, dtype_name, M, K, tr, Wt, xt, ytc, ref, tol, reps, replays, warm) -> dict:
+    cp, n = ctx["cp"], len(Wt)
+    ytt = [_to_torch(torch, cp, y, dtype_name) for y in ytc]
+    try:
+        t1 = time.time()
+        tg = tg_mod.TritonGemv(M, K, _torch_dtype(torch, dtype_name), transpose=tr,
+                               quick=ctx["args"].quick)
+        _sync_all()
+        tg.tune(Wt[0], xt[0], ytt[0])   # autotune eagerly, before any capture
+        tune_s = time.time() - t1
 
-
-def _ratios(impls: dict) -> dict:
-    """peer time / gemvx time (> 1: gemvx faster), graph vs graph, else eager vs eager."""
-    g = impls.get("gemvx", {})
-    out = {}
-    for key in ("cublas", "torch", "triton"):
-        p = impls.get(key, {})
-        if g.get("status") != "ok" or p.get("status") != "ok":
-            out[key] = None
-        elif g.get("graph") and p.get("graph"):
-            out[key] = {"ratio": p["graph"]["us"] / g["graph"]["us"], "mode": "graph"}
-        elif g.get("eager") and p.get("eager"):
-            out[key] = {"ratio": p["eager"]["us"] / g["eager"]["us"], "mode": "eager"}
-        else:
-            out[key] = None
-    return out
-
-
-# =============================================================================================
-# --configs mode: every compiled gemvx config x splits per shape
-# =============================================================================================
-
-def bench_configs_shape(ctx: dict, dtype_name: str, M: int, K: int) -> dict:
-    import gemvx
-    cp = ctx["cp"]
-    args = ctx["args"]
-    tr = bool(args.transpose)
-    layout = "T" if tr else "N"
-    dt = _dtype(dtype_name)
-    free, _ = cp.cuda.runtime.memGetInfo()
-    n, per = plan_copies(M, K, dt.itemsize, ctx["device"]["l2_bytes"], free)
-    reps = args.reps or choose_reps(n, per, True)
-    replays = args.replays or 10
-    cfgs = [c for c in gemvx.configs() if c["layout"] == layout and int(c.get("max_vectors", 1)) == 1]
-    log(f"[configs {dtype_name} {M}x{K} {layout}] {len(cfgs)} configs x splits {CONFIG_SPLITS}, "
-        f"{n} copies, R={reps}")
-    Ws, xs = make_operands(cp, dtype_name, M, K, tr, n, args.seed + 7919 * M + K)
-    ref = reference(cp, Ws[0], xs[0], tr)
-    tol = TOL[dtype_name]
-    ys = [cp.empty(M, dtype=dt) for _ in range(n)]
-
-    def make(config):
-        def f(i):
+        def f_triton(i):
             j = i % n
-            gemvx.cupy_gemv(Ws[j], xs[j], out=ys[j], transpose=tr, config=config)
-        return f
+            tg(Wt[j], xt[j], ytt[j])
 
-    entries = []
-    default = run_impl(cp, "gemvx default", make(None), ys[0], ref, tol, reps, replays, "cupy",
-                       graph=True, eager=False, eager_if_graph_fails=False, warmup=2)
-    default["config"] = gemvx_pick(dtype_name, layout, M, K)
-    _add_rates(default, per)
-    for c in cfgs:
-        for s in CONFIG_SPLITS:
-            r = run_impl(cp, f"gemvx {c['id']}/{s}", make((c["id"], s)), ys[0], ref, tol, reps,
-                         replays, "cupy", graph=True, eager=False, eager_if_graph_fails=False,
-                         warmup=2)
-            _add_rates(r, per)
-            entries.append({"config": c["id"], "splits": s, "desc": _cfg_desc(c), **r})
-    ok = sorted((e for e in entries if e["status"] == "ok" and e.get("graph")),
-                key=lambda e: e["graph"]["us"])
-    rec = {"dtype": dtype_name, "M": M, "K": K, "layout": layout, "copies": n, "reps": reps,
-           "bytes_per_call": per, "default": default, "entries": entries,
-           "best": ({"config": ok[0]["config"], "splits": ok[0]["splits"], "us": ok[0]["graph"]["us"],
-                     "gbps": ok[0]["graph"]["gbps"]} if ok else None),
-           "top": [{"config": e["config"], "splits": e["splits"], "us": e["graph"]["us"]} for e in ok[:5]]}
-    nfail = sum(e["status"] == "FAIL" for e in entries)
-    nerr = sum(e["status"] == "ERR" for e in entries)
-    if nfail:
-        log(f"   {nfail} config/split combos FAILED the check: "
-            + ", ".join(f"{e['config']}/{e['splits']}" for e in entries if e["status"] == "FAIL"))
-    log(f"   best {rec['best']}  ({nerr} combos not runnable)")
-    del Ws, xs, ref, ys
-    _free_pools()
-    return rec
+        r = run_impl(cp, "triton", f_triton, ytc[0], ref, tol, reps, replays, "torch",
+                     graph=True, eager=False, warmup=warm)
+        r["tune_s"] = round(tune_s, 2)
+        r["config"] = tg.describe()
+        r["variants_us"] = {str(k): round(v, 3) for k, v in tg.variant_us.items()}
+        return r
+    except Exception as exc:
+        return {"name": "triton", "status": "ERR", "error": _short(exc, 300)}
 
 
-def _cfg_desc(c: dict) -> str:
-    return f"t{c.get('threads')} p{c.get('p1')}x{c.get('p2')} u{c.get('unroll')}"
-
-
-# =============================================================================================
-# Report
-# =============================================================================================
-
-def _fmt_us(us: float) -> str:
-    return f"{us:.2f}" if us < 10 else f"{us:.1f}"
-
-
-def _cell_us(r: dict) -> str:
-    st = r.get("status")
-    if st == "n/a":
-        return "-"
-    if st in ("FAIL", "ERR"):
-        return st
-    if r.get("graph"):
-        return _fmt_us(r["graph"]["us"])
-    if r.get("eager"):
-        return _fmt_us(r["eager"]["us"]) + "e"
-    return "-"
-
-
-def _cell_gbps(r: dict) -> str:
-    if r.get("status") != "ok":
-        return "-"
-    if r.get("graph"):
-        return f"{r['graph']['gbps']:.0f}"
-    if r.get("eager"):
-        return f"{r['eager']['gbps']:.0f}e"
-    return "-"
-
-
-def _cell_ratio(x) -> str:
-    if not x:
-        return "-"
-    return f"{x['ratio']:.2f}" + ("e" if x["mode"] == "eager" else "")
-
-
-def _table(header: list[str], rows: list[list[str]], left: int = 2) -> str:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
-    def line(cells):
-        return "  ".join(c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
-    out = [line(header), "  ".join("-" * w for w in widths)]
-    out += [line(r) for r in rows]
-    return "\n".join(out)
-
-
-def print_header(meta: dict) -> None:
-    d, v, c = meta["device"], meta["versions"], meta.get("ceiling") or {}
-    print(f"gemvx benchmark  {meta['date']}  ({'quick' if meta['args']['quick'] else 'full'} run"
-          f"{', transposed layout (W stored K x M)' if meta['args']['transpose'] else ''})")
-    print(f"device : {d['name']}  sm_{d['cc'].replace('.', '')}  {d['sm_count']} SMs  "
-          f"L2 {d['l2_bytes'] / 2**20:.0f} MiB  {d['mem_total'] / 2**30:.1f} GiB")
-    print(f"CUDA   : driver {d['driver']}  runtime {d['runtime']} (CuPy's)")
-    libs = [f"{k} {v[k]}" for k in ("python", "numpy", "cupy", "torch", "triton", "jax", "ml_dtypes", "gemvx") if k in v]
-    print("libs   : " + ", ".join(libs) + (f" (torch CUDA {v['torch_cuda']})" if v.get("torch_cuda") else ""))
-    for k, note in meta.get("notes", {}).items():
-        print(f"note   : {k}: {note}")
-    if c:
-        rb = c.get("read_best") or {}
-        cp_ = c.get("copy") or {}
-        read = f"{c['read_gbps']:.0f} GB/s" if c.get("read_gbps") else "n/a"
-        print(f"ceiling: read {read} (own stream-read kernel, {c['buffer_bytes'] / 2**30:.2f} GiB, "
-              f"16-byte loads, best variant {rb.get('variant')}/{rb.get('blocks_per_sm')} blocks/SM); "
-              f"D2D copy {cp_.get('gbps', float('nan')):.0f} GB/s (read+write bytes)")
-
-
-def print_report(meta: dict, results: list[dict]) -> None:
-    print()
-    print_header(meta)
-    # Notes: errors, failures, fallbacks, grouped by (impl, message).
-    notes: dict[tuple[str, str], list[str]] = {}
-    picks = []
-    for rec in results:
-        tag = f"{rec['dtype']} {rec['M']}x{rec['K']}"
-        if rec.get("error"):
-            notes.setdefault(("shape", rec["error"]), []).append(tag)
-            continue
-        for key, r in rec["impls"].items():
-            if r.get("status") in ("FAIL", "ERR", "n/a"):
-                notes.setdefault((key, f"{r['status']}: {r.get('error', '')}"), []).append(tag)
-            elif r.get("graph_error"):
-                notes.setdefault((key, f"graph capture failed, timed eagerly: {r['graph_error']}"), []).append(tag)
-        tri = rec["impls"].get("triton", {})
-        if tri.get("config"):
-            picks.append(f"  {tag:>22}: triton {tri['config']}")
-    if notes:
-        print("\nnotes:")
-        for (key, msg), tags in notes.items():
-            where = "all shapes" if len(tags) == len(results) and len(results) > 1 else ", ".join(tags)
-            print(f"  {key}: {msg}  [{where}]")
-    if picks:
-        print("\ntriton choices:")
-        print("\n".join(picks))
-
-    header = ["dtype", "M x K", "W MiB", "gemvx us", "GB/s", "%ceil", "cfg", "eager us",
-              "cuBLAS us", "GB/s", "torch us", "GB/s", "triton us", "GB/s",
-              "cuBLAS/gemvx", "torch/gemvx", "triton/gemvx"]
-    rows = []
-    for rec in results:
-        if rec.get("error"):
-            rows.append([rec["dtype"], f"{rec['M']}x{rec['K']}", f"{rec.get('w_bytes', 0) / 2**20:.1f}"]
-                        + ["ERR"] + ["-"] * (len(header) - 4))
-            continue
-        im = rec["impls"]
-        g = im["gemvx"]
-        cfg = g.get("config")
-        rows.append([
-            rec["dtype"], f"{rec['M']}x{rec['K']}", f"{rec['w_bytes'] / 2**20:.1f}",
-            _cell_us(g), _cell_gbps(g),
-            f"{g['pct_ceiling']:.0f}" if g.get("pct_ceiling") is not None else "-",
-            f"{cfg[0]}/{cfg[1]}" if cfg else "-",
-            _fmt_us(g["eager"]["us"]) if g.get("eager") and g.get("status") == "ok" else "-",
-            _cell_us(im["cublas"]), _cell_gbps(im["cublas"]),
-            _cell_us(im["torch"]), _cell_gbps(im["torch"]),
-            _cell_us(im["triton"]), _cell_gbps(im["triton"]),
-            _cell_ratio(rec["ratios"].get("cublas")), _cell_ratio(rec["ratios"].get("torch")),
-            _cell_ratio(rec["ratios"].get("triton")),
-        ])
-    print()
-    print("Per-call time in us, graph-replayed (R calls per CUDA graph, median of replays) unless "
-          "marked 'e' = eager\n(events around R back-to-back calls from Python, includes launch "
-          "overhead). 'eager us' = gemvx called eagerly.\nGB/s counts W + x + y bytes; %ceil = gemvx "
-          "GB/s / read ceiling; cfg = gemvx table pick (config id/splits).\nRatios = peer time / "
-          "gemvx time (> 1: gemvx faster), graph vs graph, or eager vs eager when marked 'e'.\n"
-          "cuBLAS = cupy.matmul" + (" (x @ W)" if meta["args"]["transpose"] else "")
-          + "; torch = torch.mv" + (" (W.t())" if meta["args"]["transpose"] else "")
-          + " (cuBLAS under torch); triton = benchmarks/triton_gemv.py (autotuned).")
-    print()
-    print(_table(header, rows))
-    jrows = []
-    for rec in results:
-        if rec.get("error") or "gemv_ffi" not in rec.get("impls", {}):
-            continue
-        im, ra = rec["impls"], rec["ratios"]
-
-        def cell(r: dict) -> tuple[str, str]:
-            if r.get("status") != "ok":
-                return r.get("status", "-") if r.get("status") != "n/a" else "-", "-"
-            return _fmt_us(r["jit"]["us"]), f"{r['jit']['gbps']:.0f}"
-
-        jrows.append([rec["dtype"], f"{rec['M']}x{rec['K']}", *cell(im["gemv_ffi"]), *cell(im["xla"]),
-                      _cell_ratio(ra.get("xla_vs_gemv_ffi")).rstrip("e"),
-                      _cell_ratio(ra.get("gemv_ffi_vs_cupy")).rstrip("e")])
-    if jrows:
-        print()
-        print("JAX door: device time per call inside one jitted program of R calls, from JAX's profiler "
-              "(sum of the program's GPU kernel durations / R;")
-        print("launch gaps not counted, so these run slightly below graph-replay times). "
-              "jnp.dot/gemv_ffi > 1: gemvx faster than XLA's kernels;")
-        print("gemv_ffi/cupy = that device time over the CuPy door's graph-replayed time (same kernel, "
-              "gaps included there).")
-        print()
-        print(_table(["dtype", "M x K", "gemv_ffi us", "GB/s", "jnp.dot us", "GB/s",
-                      "jnp.dot/gemv_ffi", "gemv_ffi/cupy"], jrows))
-
-
-def print_configs_report(meta: dict, results: list[dict]) -> None:
-    print()
-    print_header(meta)
-    ceil = (meta.get("ceiling") or {}).get("read_gbps")
-    header = ["dtype", "M x K", "table pick", "us", "best", "desc", "us", "GB/s", "%ceil",
-              "pick/best", "next best (id/splits us)"]
-    rows = []
-    for rec in results:
-        if rec.get("error"):
-            rows.append([rec["dtype"], f"{rec['M']}x{rec['K']}", "ERR"] + ["-"] * (len(header) - 3))
-            continue
-        d = rec["default"]
-        dus = d["graph"]["us"] if d.get("graph") and d.get("status") == "ok" else None
-        pick = d.get("config")
-        b = rec.get("best")
-        desc = "-"
-        if b:
-            desc = next((e["desc"] for e in rec["entries"] if e["config"] == b["config"]), "-")
-        rows.append([
-            rec["dtype"], f"{rec['M']}x{rec['K']}",
-            f"{pick[0]}/{pick[1]}" if pick else "-", _fmt_us(dus) if dus else d.get("status", "-"),
-            f"{b['config']}/{b['splits']}" if b else "-", desc,
-            _fmt_us(b["us"]) if b else "-", f"{b['gbps']:.0f}" if b else "-",
-            f"{100 * b['gbps'] / ceil:.0f}" if b and ceil else "-",
-            f"{dus / b['us']:.2f}" if b and dus else "-",
-            " ".join(f"{t['config']}/{t['splits']} {_fmt_us(t['us'])}" for t in rec["top"][1:4]),
-        ])
-    print()
-    print("gemvx configs (layout " + ("T" if meta["args"]["transpose"] else "N") + ", max_vectors 1) x splits "
-          f"{list(CONFIG_SPLITS)}; graph-replayed per-call us, median. 'table pick' = what config=None "
-          "runs;\npick/best > 1 means the table leaves time on the table for this shape.")
-    print()
-    print(_table(header, rows))
+def run_jax(ctx: dict, rec: dict, dtype_name: str, Ws: list, xs: list, ref, tol: float,
+            reps: int, tr: bool) -> None:
+    """gemvx through the JAX door (gemv_ffi) and XLA's own jnp.dot, timed inside jit."""
+    cp = ctx["cp"]
+    jax, why = _jax_or_none() if not ctx["args"].no_jax else (None, "--no-jax")
+    if jax is None:
+        rec["impls"]["gemv_ffi"] = _na("gemvx.gemv_ffi", why)
+        rec["impls"]["xla"] = _na("jnp.dot", why)
+        return
+    import gemvx
+    jnp = jax.numpy
+    me = _me()
+    try:
+        Wj = [_to_jax(jax, cp, w) for w in Ws]
+        keys = jax.random.split(jax.random.PRNGKey(ctx["args"].seed), reps)
+        xj = [jax.random.normal(k, xs[0].shape, jnp.float32).astype(Wj[0].dtype) for k in keys]
+        xj[0] = _to_jax(jax, cp, xs[0])
+    except Exception as exc:  # noqa: BLE001
+        why = f"CuPy -> JAX failed ({_short(exc, 200)})"
+        rec["impls"]["gemv_ffi"] = {"name": "gemvx.gemv_ffi", "status": "ERR", "error": why}
+        rec["impls"]["xla"] = {"name": "jnp.dot", "status": "ERR", "error": why}
+        return
+    batch = xs[0].ndim == 2
+    if tr:
+        xla_op = lambda W, x: jnp.dot(x, W)  # noqa: E731
+    elif batch:
+        xla_op = lambda W, x: jnp.dot(x, W.T)  # noqa: E731
+    else:
+        xla_op = lambda W, x: jnp.dot(W, x)  # noqa: E731
+    ops = {
+        "gemv_ffi": ("gemvx.gemv_ffi", lambda W, x: gemvx.gemv_ffi(W, x, transpose=tr)),
+        "xla": ("jnp.dot", xla_op),
+    }
+    runs = 3 if ctx["args"].quick else 7
+    for key, (name, op) in ops.items():
+        r: dict[str, Any] = {"name": name, "status": "ERR"}
+        try:
+            y = jax.jit(op)(Wj[0], xj[0])
+            y = cp.asarray(jax.device_get(y).astype("float32"))
+            err = me.rel_err(cp, y, ref)
+            r["rel_err"] = err
+            if not err <= tol:
+                r.update(status="FAIL", error=f"relative error {err:.3g} > tolerance {tol:g}")
+            else:
+                r.update(status="ok", jit=time_jit(jax, op, Wj, xj, reps, runs))
+        except Exception as exc:  # noqa: BLE001
+            r["error"] = _short(exc, 300)
+        rec["impls"][key] = r
+    del Wj, xj
 
 
 # =============================================================================================
 # Main
 # =============================================================================================
 
-def _parse_shapes(s: str) -> list[tuple[int, int]]:
-    out = []
-    for part in s.split(","):
-        part = part.strip().lower().replace("*", "x")
-        if not part:
-            continue
-        a, _, b = part.partition("x")
-        try:
-            M, K = int(a), int(b)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"bad shape {part!r}; expected MxK, e.g. 4096x4096") from None
-        if M < 1 or K < 1:
-            raise argparse.ArgumentTypeError(f"bad shape {part!r}: sizes must be >= 1")
-        out.append((M, K))
-    if not out:
-        raise argparse.ArgumentTypeError("no shapes given")
-    return out
-
-
-def _parse_dtypes(s: str) -> list[str]:
-    out = [d.strip() for d in s.split(",") if d.strip()]
-    bad = [d for d in out if d not in ALL_DTYPES]
-    if bad or not out:
-        raise argparse.ArgumentTypeError(f"bad dtype(s) {bad}; choose from {', '.join(ALL_DTYPES)}")
-    return out
+def default_shapes() -> list[tuple[int, int]]:
+    """DESIGN.md section 6 shapes plus the squares 512 .. 16384, smallest W first."""
+    from gemvx.tune import DESIGN_SHAPES
+    shapes = set(DESIGN_SHAPES) | {(s, s) for s in SQUARES}
+    return sorted(shapes, key=lambda s: (s[0] * s[1], s[0]))
 
 
 def parse_args(argv=None) -> argparse.Namespace:
+    from gemvx.tune import csv_list, parse_shapes
+
     p = argparse.ArgumentParser(
         prog="bench.py",
-        description="Benchmark gemvx GEMV kernels against cuBLAS (CuPy, torch) and an autotuned "
-                    "Triton GEMV. Times are CUDA-graph-replayed per-call medians over buffers "
-                    "rotated past L2; see benchmarks/README.md.")
+        description="Benchmark gemvx (CuPy and JAX doors) against cuBLAS, torch, XLA and an "
+                    "autotuned Triton GEMV; see benchmarks/README.md.")
     p.add_argument("--quick", action="store_true",
-                   help="float16 only (unless --dtypes), fewer replays, smaller Triton search")
-    p.add_argument("--dtypes", type=_parse_dtypes, default=None,
+                   help=f"float16, batches {','.join(map(str, QUICK_BATCHES))}, shapes "
+                        f"{','.join(f'{m}x{k}' for m, k in QUICK_SHAPES)} (unless given), fewer "
+                        "replays, smaller Triton search: under 2 minutes")
+    p.add_argument("--dtypes", type=csv_list("dtype", ALL_DTYPES), default=None,
                    help="comma list from float16,bfloat16,float32 (default: all; --quick: float16)")
-    p.add_argument("--shapes", type=_parse_shapes, default=None,
-                   help="comma list of MxK (W is M x K; with --transpose W is stored K x M); "
-                        "default: the DESIGN.md section 6 list")
-    p.add_argument("--transpose", action="store_true",
-                   help="benchmark layout T: W stored (K, M), y = W^T x (x @ W); cuBLAS peer cupy.matmul(x, W)")
-    p.add_argument("--json", metavar="PATH", help="write all numbers (and raw samples) as JSON")
-    p.add_argument("--configs", action="store_true",
-                   help="time every compiled gemvx config of the layout (max_vectors 1) with splits "
-                        f"{list(CONFIG_SPLITS)} per shape and report the best (for the heuristic table)")
+    p.add_argument("--layouts", type=csv_list("layout", ALL_LAYOUTS, str.upper), default=None,
+                   help="N (W is M x K) and/or T (W stored K x M, y = W^T x); default N,T")
+    p.add_argument("--batches", type=csv_list("batch", tuple(range(1, 65)), int), default=None,
+                   help="vectors per call, comma list (default 1,4,16; --quick: 1,16)")
+    p.add_argument("--shapes", type=parse_shapes, default=None,
+                   help="comma list of MxK (default: the DESIGN.md section 6 shapes and squares "
+                        "512..16384)")
+    p.add_argument("--json", metavar="PATH", default="bench.json",
+                   help="write every number here (default %(default)s); plots go next to it")
+    p.add_argument("--no-plot", action="store_true", help="no plots even when matplotlib is there")
     p.add_argument("--reps", type=int, default=None, help="calls per captured graph (default: by size, 20..100)")
     p.add_argument("--replays", type=int, default=None, help="timed replays (default 30; --quick 12)")
     p.add_argument("--ceiling-gib", type=float, default=1.0, help="read-ceiling buffer size in GiB (>= 1)")
-    p.add_argument("--no-torch", action="store_true", help="skip the torch.mv peer (and Triton)")
+    p.add_argument("--no-cublas", action="store_true", help="skip cuBLAS through cupy.matmul")
+    p.add_argument("--no-torch", action="store_true", help="skip torch (and the Triton peer)")
     p.add_argument("--no-triton", action="store_true", help="skip the Triton peer")
     p.add_argument("--no-jax", action="store_true", help="skip the JAX door (gemv_ffi) and XLA jnp.dot")
     p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--dry-run", action="store_true", help="list the cases and exit (no GPU needed)")
     a = p.parse_args(argv)
     if a.reps is not None and a.reps < 1:
         p.error("--reps must be >= 1")
@@ -1205,96 +849,110 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error("--replays must be >= 1")
     if a.ceiling_gib < 1.0:
         p.error("--ceiling-gib must be >= 1")
+    a.dtypes = a.dtypes or (["float16"] if a.quick else list(ALL_DTYPES))
+    a.layouts = a.layouts or list(ALL_LAYOUTS)
+    a.batches = a.batches or list(QUICK_BATCHES if a.quick else ALL_BATCHES)
+    a.shapes = a.shapes or (list(QUICK_SHAPES) if a.quick else default_shapes())
     return a
 
 
+def cases(args: argparse.Namespace) -> list[tuple[str, str, int, int, int]]:
+    """(dtype, layout, batch, M, K) in run order: dtype, layout, shape, then batch."""
+    return [(d, lay, b, M, K) for d in args.dtypes for lay in args.layouts
+            for (M, K) in args.shapes for b in args.batches]
+
+
 def main(argv=None) -> int:
-    args = parse_args(argv)
-    dtypes = args.dtypes or (["float16"] if args.quick else list(ALL_DTYPES))
-    shapes = args.shapes or list(DEFAULT_SHAPES)
+    try:
+        args = parse_args(argv)
+    except ImportError as exc:
+        print(f"bench.py needs gemvx installed (pip install --no-build-isolation .): {exc}", file=sys.stderr)
+        return 2
+    todo = cases(args)
+    if args.dry_run:
+        for c in todo:
+            print("%-9s %s batch %2d %dx%d" % c)
+        print(f"{len(todo)} cases")
+        return 0
     try:
         cp = _cupy()
-    except ImportError as exc:
-        print(f"bench.py needs CuPy with a CUDA GPU ({exc})", file=sys.stderr)
-        return 2
-    try:
-        import gemvx  # noqa: F401
+        cp.cuda.runtime.getDeviceCount()
     except Exception as exc:
-        print(f"bench.py needs gemvx installed (pip install --no-build-isolation .): {exc}", file=sys.stderr)
+        print(f"bench.py needs CuPy with a CUDA GPU ({_short(exc)})", file=sys.stderr)
         return 2
 
     t_start = time.time()
     notes: dict[str, str] = {}
-    if "bfloat16" in dtypes:
+    if "bfloat16" in args.dtypes:
         try:
-            _dtype("bfloat16")
+            _me().np_dtype("bfloat16")
         except Exception as exc:
-            dtypes = [d for d in dtypes if d != "bfloat16"]
+            args.dtypes = [d for d in args.dtypes if d != "bfloat16"]
+            todo = cases(args)
             notes["bfloat16"] = f"skipped: ml_dtypes not importable ({_short(exc, 100)})"
-    if not args.configs:
-        torch, why = _torch_or_none() if not args.no_torch else (None, "--no-torch")
-        if torch is None:
-            notes["torch"] = f"torch.mv and Triton columns skipped: {why}"
-        elif not args.no_triton:
-            tg, why_t = _triton_gemv_or_none()
-            if tg is None:
-                notes["triton"] = f"Triton column skipped: {why_t}"
-            else:
-                notes["triton"] = (f"autotune config counts {tg.configs_summary(args.quick)} "
-                                   "(before per-shape pruning)")
+    torch, why = _torch_or_none() if not args.no_torch else (None, "--no-torch")
+    if torch is None:
+        notes["torch"] = f"torch and Triton columns skipped: {why}"
+    elif not args.no_triton:
+        tg, why_t = _triton_gemv_or_none()
+        notes["triton"] = (f"Triton column skipped: {why_t}" if tg is None else
+                           f"autotune config counts {tg.configs_summary(args.quick)} (before "
+                           "per-shape pruning); one vector per call, so batch > 1 shows '-'")
+    if not args.no_jax and _jax_or_none()[0] is None:
+        notes["jax"] = f"gemv_ffi and jnp.dot columns skipped: {_jax_or_none()[1]}"
 
     dev = device_info(cp)
     meta = {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ"),
-        "host": platform.node(), "device": dev, "versions": versions(cp),
-        "args": {k: v for k, v in vars(args).items()}, "dtypes": dtypes,
-        "shapes": [list(s) for s in shapes], "tolerances": TOL, "notes": notes,
+        "host": platform.node(), "device": dev, "versions": versions(cp, not args.no_jax),
+        "args": {k: v for k, v in vars(args).items()}, "tolerances": TOL, "notes": notes,
         "method": {
             "working_set": f">= {L2_FACTOR}x L2 by rotating copies (2 when W >= {L2_FACTOR}x L2), "
                            f"<= {MAX_SET_BYTES >> 30} GiB",
             "graph": "R calls captured per CUDA graph; per-call = replay time / R; median of replays",
             "eager": "events around R back-to-back Python calls; includes launch overhead",
+            "jit": "JAX profiler: GPU kernel time of R calls in one jitted program / R; median of runs",
             "bytes": "W + x + y per call; GB/s = 1e9 B/s",
         },
     }
     log(f"device {dev['name']}, L2 {dev['l2_bytes'] / 2**20:.0f} MiB, {dev['sm_count']} SMs; "
-        f"measuring the bandwidth ceiling ...")
+        f"{len(todo)} cases; measuring the bandwidth ceiling ...")
     ceiling = measure_ceiling(cp, int(args.ceiling_gib * (1 << 30)), dev["sm_count"],
                               runs=10 if args.quick else 20)
     meta["ceiling"] = ceiling
-    if ceiling.get("read_gbps"):
-        log(f"read ceiling {ceiling['read_gbps']:.0f} GB/s, copy "
-            f"{(ceiling.get('copy') or {}).get('gbps', float('nan')):.0f} GB/s")
+    log(f"read ceiling {ceiling.get('read_gbps') or float('nan'):.0f} GB/s, copy "
+        f"{(ceiling.get('copy') or {}).get('gbps', float('nan')):.0f} GB/s")
     ctx = {"cp": cp, "args": args, "device": dev, "ceiling_gbps": ceiling.get("read_gbps")}
 
     results = []
-    for dtype_name in dtypes:
-        for (M, K) in shapes:
+    for k, (d, lay, b, M, K) in enumerate(todo):
+        log(f"({k + 1}/{len(todo)}, {time.time() - t_start:.0f} s)")
+        try:
+            results.append(bench_case(ctx, d, lay, b, M, K))
+        except Exception as exc:
+            log(f"   {d} {lay} batch {b} {M}x{K}: ERROR {_short(exc, 300)}")
+            results.append({"dtype": d, "layout": lay, "batch": b, "M": M, "K": K,
+                            "error": _short(exc, 300), "w_bytes": M * K * _me().np_dtype(d).itemsize,
+                            "bytes_per_call": 0, "ceiling_gbps": ctx["ceiling_gbps"], "impls": {}})
             try:
-                if args.configs:
-                    results.append(bench_configs_shape(ctx, dtype_name, M, K))
-                else:
-                    results.append(bench_shape(ctx, dtype_name, M, K))
-            except Exception as exc:
-                log(f"   {dtype_name} {M}x{K}: ERROR {_short(exc, 300)}")
-                results.append({"dtype": dtype_name, "M": M, "K": K, "error": _short(exc, 300),
-                                "w_bytes": M * K * _dtype(dtype_name).itemsize})
-                try:
-                    _sync_all()
-                except Exception:
-                    pass
-                _free_pools()
+                _sync_all()
+            except Exception:
+                pass
+            _free_pools()
     meta["elapsed_s"] = round(time.time() - t_start, 1)
 
-    if args.configs:
-        print_configs_report(meta, results)
-    else:
-        print_report(meta, results)
-    print(f"\n(total {meta['elapsed_s']:.0f} s)")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"meta": meta, "results": results}, f, indent=1, default=str)
-        print(f"JSON written to {args.json}")
+    with open(args.json, "w") as f:
+        json.dump({"meta": meta, "results": results}, f, indent=1, default=str)
+    metas, records = report.load([args.json])
+    plots = []
+    if not args.no_plot and report.have_matplotlib():
+        try:
+            plots = report.plot(records, os.path.splitext(args.json)[0], report.spec_gbps(dev["name"]), dev["name"])
+        except Exception as exc:  # a plotting problem must not lose the run
+            log(f"plotting failed: {_short(exc)}")
+    print(report.render(metas, records, plots=plots))
+    print(f"\n(total {meta['elapsed_s']:.0f} s) JSON written to {args.json}; "
+          f"merge parts and write BENCHMARKS.md with: python benchmarks/report.py {args.json} ... --md BENCHMARKS.md")
     return 0
 
 

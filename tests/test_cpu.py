@@ -705,9 +705,9 @@ def table_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 
 def test_table_for_prefers_device_file(table_dir: Path) -> None:
     arch = "sm_977"
-    _write(table_dir / "a_arch.json", [_entry(config=N_IDS[0])], arch=arch)
-    _write(table_dir / "b_dev.json", [_entry(config=N_IDS[1])], arch=arch, device="Card X")
-    _write(table_dir / "c_other.json", [_entry(config=N_IDS[2])], arch="sm_976")
+    _write(table_dir / "sm_977.json", [_entry(config=N_IDS[0])], arch=arch)
+    _write(table_dir / "sm_977_card-x.json", [_entry(config=N_IDS[1])], arch=arch, device="Card X")
+    _write(table_dir / "sm_976.json", [_entry(config=N_IDS[2])], arch="sm_976")
     assert _table.table_for(arch, "Card X").lookup("float16", "N", 1, 64, 64) == (N_IDS[1], 1)
     assert _table.table_for(arch, "Card Y").lookup("float16", "N", 1, 64, 64) == (N_IDS[0], 1)
     assert _table.table_for("sm_975", "Card X") is None
@@ -715,7 +715,7 @@ def test_table_for_prefers_device_file(table_dir: Path) -> None:
 
 def test_select_uses_table_then_rules(table_dir: Path) -> None:
     arch = "sm_977"
-    _write(table_dir / "t.json", [_entry(config=N_IDS[2], splits=5)], arch=arch)
+    _write(table_dir / "sm_977.json", [_entry(config=N_IDS[2], splits=5)], arch=arch)
     assert _table.select(arch, None, 132, "float16", "N", 1, 100, 100) == (N_IDS[2], 5)
     # no entry for this dtype/layout in the table, and no table at all: the rules decide
     assert _table.select(arch, None, 132, "float32", "T", 1, 100, 100) == \

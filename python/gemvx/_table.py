@@ -7,9 +7,18 @@ layout and dtype, the batch bucket that covers the call (see :class:`Table`), an
 nearest (M, K) point in log2 space: GEMV cost is smooth in the logarithm of the sizes, so the
 nearest tuned shape is a good proxy. Lookups are cached.
 
-Files are searched in ``$GEMVX_TABLE_DIR`` (user tables, e.g. written by a tuner) first, then in
-the package's ``tables/``. A device-specific file beats an architecture file. A GPU with no table
-gets :func:`fallback_rules`, which are correct everywhere and good on most GPUs.
+Where tables live (first match wins, a directory at a time):
+
+1. the user table directory: ``$GEMVX_TABLE_DIR`` when set, else ``$XDG_CACHE_HOME/gemvx/tables``
+   (``~/.cache/gemvx/tables``); ``python -m gemvx.tune`` writes there by default;
+2. the tables shipped in the package (``gemvx/tables/``).
+
+In each directory the file for this exact card, ``{arch}_{device}.json`` (for example
+``sm_90_nvidia-h200.json``, see :func:`table_filename`), beats the file for the architecture,
+``{arch}.json``. So a table tuned by the user on this GPU (or for its architecture) wins over a
+shipped one, and a shipped table for the architecture serves every card of it without its own
+(the shipped ``sm_90.json`` serves the H100 and the H200 alike). A GPU with no table gets
+:func:`fallback_rules`, which are correct everywhere and good on most GPUs.
 
 The config ids a table names must be compiled into this build (``gemvx.configs()``); a table
 naming any other id, or a config of the wrong layout, is rejected at load with ValueError.
@@ -22,6 +31,7 @@ import json
 import math
 import operator
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -113,31 +123,60 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _search_dirs() -> list[Path]:
-    dirs = []
+def user_table_dir() -> Path | None:
+    """The user table directory: ``$GEMVX_TABLE_DIR``, else ``$XDG_CACHE_HOME/gemvx/tables``
+    (``~/.cache/gemvx/tables``); None when no home directory is known."""
     user = os.environ.get("GEMVX_TABLE_DIR")
     if user:
-        dirs.append(Path(user))
-    dirs.append(PACKAGE_TABLES)
-    return dirs
+        return Path(user).expanduser()
+    cache = os.environ.get("XDG_CACHE_HOME")
+    if not cache:
+        try:
+            cache = str(Path.home() / ".cache")
+        except RuntimeError:  # no HOME and no passwd entry
+            return None
+    return Path(cache) / "gemvx" / "tables"
+
+
+def device_slug(device_name: str) -> str:
+    """A device name as it appears in a table file name: "NVIDIA H200" -> "nvidia-h200"."""
+    return re.sub(r"[^a-z0-9]+", "-", device_name.lower()).strip("-")
+
+
+def table_filename(arch: str, device_name: str | None = None) -> str:
+    """The file name the loader looks for: ``{arch}_{device}.json``, or ``{arch}.json`` for a
+    table that serves every card of the architecture (``device_name`` None)."""
+    if device_name is None or not device_slug(device_name):
+        return f"{arch}.json"
+    return f"{arch}_{device_slug(device_name)}.json"
+
+
+def _search_dirs() -> list[Path]:
+    user = user_table_dir()
+    return ([user] if user is not None else []) + [PACKAGE_TABLES]
 
 
 @functools.lru_cache(maxsize=None)
 def table_for(arch: str, device_name: str | None) -> Table | None:
-    """The table for a GPU: device-specific file first, then the architecture's, else None."""
-    arch_match = None
+    """The table for a GPU (see the module docstring for the search order), else None.
+
+    A file found by name must be for that architecture (and, a device file, for that card);
+    otherwise ValueError names the file, rather than running another GPU's choices."""
+    names = [table_filename(arch, device_name)] if device_name else []
+    names.append(table_filename(arch))
     for d in _search_dirs():
-        if not d.is_dir():
-            continue
-        for f in sorted(d.glob("*.json")):
-            t = load_table(f)
-            if t.arch != arch:
+        for name in names:
+            path = d / name
+            if not path.is_file():
                 continue
-            if t.device is not None and t.device == device_name:
-                return t
-            if t.device is None and arch_match is None:
-                arch_match = t
-    return arch_match
+            t = load_table(path)
+            if t.arch != arch:
+                raise ValueError(f"gemvx: table {path} is for {t.arch!r}, but its name says {arch!r}")
+            if name != names[-1] and (t.device is None or device_slug(t.device) != device_slug(device_name)):
+                raise ValueError(f"gemvx: table {path} is for device {t.device!r}, but its name says "
+                                 f"{device_name!r}")
+            return t
+    return None
 
 
 def fallback_rules(layout: str, dtype: str, batch: int, M: int, K: int, sm_count: int) -> tuple[int, int]:

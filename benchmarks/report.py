@@ -1,0 +1,578 @@
+#!/usr/bin/env python3
+"""Report of gemvx benchmark runs: tables, summary, the TARGETS check, BENCHMARKS.md and plots.
+
+    python benchmarks/report.py RUN.json [RUN2.json ...] [--md BENCHMARKS.md] [--plot PREFIX]
+                                [--no-plot] [--spec-gbps G]
+
+Reads the JSON files ``benchmarks/bench.py --json`` writes (several parts of one run, e.g. one
+per dtype, are merged; a case measured in two files takes the later file's numbers), prints the
+report and, with ``--md``, writes it as Markdown with the plots. Needs only the standard library;
+the plots need matplotlib (without it they are skipped, saying so). bench.py prints the same
+report at the end of a run by calling :func:`render`.
+
+Definitions (benchmarks/README.md has the method):
+  * gemvx time: the CuPy door, CUDA-graph replayed; JAX door (gemv_ffi): device time per call
+    from JAX's profiler, compared only with XLA's jnp.dot timed the same way.
+  * ratio to a peer = peer time / gemvx time, like with like: graph vs graph (torch, Triton,
+    cuBLAS when its graph captured), eager vs eager (cuBLAS through CuPy, which cannot be
+    captured: marked "e"), profiler vs profiler (jnp.dot vs gemv_ffi).
+  * best-peer ratio of a case = the smallest of its ratios (the strongest peer, each compared
+    like with like); > 1 means gemvx beats every peer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+MIB = 1 << 20
+# Peers, in column order: key in the JSON, column name.
+PEERS = (("cublas", "cuBLAS"), ("torch", "torch"), ("triton", "Triton"), ("xla", "jnp.dot"))
+# Implementations drawn in the plots: key, legend label, colour, line style.
+PLOT_IMPLS = (("gemvx", "gemvx, CuPy door (graph)", "C0", "-"),
+              ("gemv_ffi", "gemvx, JAX door (profiler)", "C0", ":"),
+              ("cublas", "cuBLAS, cupy.matmul (eager)", "C1", "-"),
+              ("torch", "torch (graph)", "C2", "-"),
+              ("triton", "Triton (graph)", "C3", "-"),
+              ("xla", "XLA jnp.dot (profiler)", "C4", ":"))
+
+# Spec HBM bandwidth (GB/s) by device name, for the bandwidth target: the numbers of issue 4.
+SPEC_GBPS = (("H200", 4560.0), ("H100 80GB HBM3", 3180.0), ("H100 SXM", 3180.0))
+
+# Targets (issue 4).
+T_RATIO_MIN, T_RATIO_GEOMEAN = 1.00, 1.15
+T_BIG_W, T_SPEC_FRACTION = 256 * MIB, 0.95
+T_SHORT_WIDE_US, T_SMALL_US = 10.0, 2.3
+T_MID_W, T_TRANSPOSED, T_BATCH16 = 32 * MIB, 1.05, 1.3
+
+
+# ---- loading ---------------------------------------------------------------------------------
+
+def case_key(rec: dict) -> tuple:
+    return (rec["dtype"], rec.get("layout", "N"), int(rec.get("batch", 1)), rec["M"], rec["K"])
+
+
+def load(paths: list[str | os.PathLike]) -> tuple[list[dict], list[dict]]:
+    """(metas, records) of one or more JSON files. Records get ``layout``/``batch`` defaults (older
+    files had neither), their file's read ceiling when they carry none, and ``part`` (the index
+    of their file). All files must come from one device model."""
+    metas, by_key = [], {}
+    for i, path in enumerate(paths):
+        with open(path) as f:
+            data = json.load(f)
+        if not isinstance(data, dict) or "meta" not in data or "results" not in data:
+            raise ValueError(f"{path}: not a bench.py JSON file (expected 'meta' and 'results')")
+        meta = data["meta"]
+        meta["file"] = str(path)
+        metas.append(meta)
+        ceiling = (meta.get("ceiling") or {}).get("read_gbps")
+        for rec in data["results"]:
+            rec = dict(rec)
+            rec.setdefault("layout", "T" if rec.get("transpose") else "N")
+            rec.setdefault("batch", 1)
+            rec.setdefault("ceiling_gbps", ceiling)
+            rec["part"] = i
+            by_key[case_key(rec)] = rec
+    names = {m.get("device", {}).get("name") for m in metas}
+    if len(names) > 1:
+        raise ValueError(f"the files come from different devices {sorted(map(str, names))}: "
+                         "compare runs of one device")
+    return metas, sorted(by_key.values(), key=_order)
+
+
+_DTYPE_ORDER = {"float16": 0, "bfloat16": 1, "float32": 2}
+
+
+def _order(rec: dict) -> tuple:
+    d, lay, b, M, K = case_key(rec)
+    return (_DTYPE_ORDER.get(d, 9), d, lay, b, M * K, M)
+
+
+# ---- numbers of one case ---------------------------------------------------------------------
+
+def timing(r: dict | None, mode: str | None = None) -> dict | None:
+    """The timing block of an implementation result (graph, else eager, else jit; or ``mode``),
+    None when it did not run or failed."""
+    if not r or r.get("status") != "ok":
+        return None
+    for m in ((mode,) if mode else ("graph", "eager", "jit")):
+        if r.get(m) and r[m].get("us"):
+            return {**r[m], "mode": m}
+    return None
+
+
+def gbps(rec: dict, t: dict | None) -> float | None:
+    return rec["bytes_per_call"] / (t["us"] * 1e-6) / 1e9 if t else None
+
+
+def ratios(rec: dict) -> dict[str, dict]:
+    """Peer time / gemvx time per peer, like with like (see the module docstring)."""
+    im = rec.get("impls", {})
+    out = {}
+    for key, _ in PEERS:
+        p = im.get(key)
+        if key == "xla":
+            a, b = timing(p, "jit"), timing(im.get("gemv_ffi"), "jit")
+        else:
+            g = im.get("gemvx")
+            a, b = timing(p, "graph"), timing(g, "graph")
+            if not (a and b):
+                a, b = timing(p, "eager"), timing(g, "eager")
+        if a and b:
+            out[key] = {"ratio": a["us"] / b["us"], "mode": a["mode"]}
+    return out
+
+
+def best_ratio(rec: dict) -> tuple[float, str] | None:
+    r = ratios(rec)
+    if not r:
+        return None
+    key = min(r, key=lambda k: r[k]["ratio"])
+    return r[key]["ratio"], key
+
+
+def gemvx_us(rec: dict) -> float | None:
+    t = timing(rec.get("impls", {}).get("gemvx"), "graph")
+    return t["us"] if t else None
+
+
+def geomean(xs: list[float]) -> float:
+    return math.exp(sum(math.log(x) for x in xs) / len(xs))
+
+
+def spec_gbps(device_name: str | None) -> float | None:
+    name = device_name or ""
+    for pattern, g in SPEC_GBPS:
+        if pattern in name and not (pattern == "H200" and "GH200" in name):
+            return g
+    return None
+
+
+def _tag(rec: dict) -> str:
+    d, lay, b, M, K = case_key(rec)
+    return f"{d} {lay} b{b} {M}x{K}"
+
+
+# ---- targets ---------------------------------------------------------------------------------
+
+def check_targets(records: list[dict], device_name: str | None, spec: float | None = None) -> list[dict]:
+    """Every target of issue 4 from the measured numbers: [{"target", "status", "detail"}] with
+    status PASS, FAIL or N/A (no data for it in these records)."""
+    spec = spec if spec is not None else spec_gbps(device_name)
+    is_h200 = "H200" in (device_name or "") and "GH200" not in (device_name or "")
+    out = []
+
+    def add(target: str, status: str, detail: str) -> None:
+        out.append({"target": target, "status": status, "detail": detail})
+
+    # 1. best-peer ratio everywhere, and its geometric mean
+    br = [(b[0], b[1], rec) for rec in records if (b := best_ratio(rec))]
+    name = f"best-peer time / gemvx time >= {T_RATIO_MIN:.2f} on every case, geometric mean >= {T_RATIO_GEOMEAN:.2f}"
+    if not br:
+        add(name, "N/A", "no case has a gemvx time and a peer time")
+    else:
+        gm = geomean([b[0] for b in br])
+        worst = min(br, key=lambda b: b[0])
+        below = [b for b in br if b[0] < T_RATIO_MIN]
+        ok = not below and gm >= T_RATIO_GEOMEAN
+        detail = (f"{len(br)} cases: geometric mean {gm:.3f}, min {worst[0]:.3f} ({_tag(worst[2])} vs "
+                  f"{dict(PEERS)[worst[1]]}); {len(below)} below {T_RATIO_MIN:.2f}")
+        if below:
+            detail += ": " + ", ".join(f"{_tag(b[2])} {b[0]:.2f} ({dict(PEERS)[b[1]]})"
+                                       for b in sorted(below, key=lambda b: b[0])[:8])
+            detail += " ..." if len(below) > 8 else ""
+        missing = sum(1 for rec in records if not best_ratio(rec))
+        if missing:
+            detail += f"; {missing} cases without any peer time are not counted"
+        add(name, "PASS" if ok else "FAIL", detail)
+
+    # 2. large W: spec bandwidth and the measured read ceiling
+    big = [(rec, gbps(rec, timing(rec["impls"].get("gemvx"), "graph"))) for rec in records
+           if rec.get("w_bytes", 0) >= T_BIG_W]
+    big = [(rec, g) for rec, g in big if g]
+    name = f"W >= 256 MiB: >= {100 * T_SPEC_FRACTION:.0f}% of spec bandwidth"
+    if not big:
+        add(name, "N/A", "no case with W >= 256 MiB")
+    elif spec is None:
+        add(name, "N/A", f"no spec bandwidth known for {device_name!r} (pass --spec-gbps)")
+    else:
+        worst = min(big, key=lambda x: x[1])
+        ok = worst[1] >= T_SPEC_FRACTION * spec
+        add(f"{name} ({T_SPEC_FRACTION * spec:.0f} GB/s of {spec:.0f})", "PASS" if ok else "FAIL",
+            f"{len(big)} cases, lowest {worst[1]:.0f} GB/s = {100 * worst[1] / spec:.1f}% of spec "
+            f"({_tag(worst[0])})")
+    name = "W >= 256 MiB: >= the measured read ceiling"
+    withc = [(rec, g, rec.get("ceiling_gbps")) for rec, g in big if rec.get("ceiling_gbps")]
+    if not withc:
+        add(name, "N/A", "no case with W >= 256 MiB and a measured ceiling")
+    else:
+        worst = min(withc, key=lambda x: x[1] / x[2])
+        ok = worst[1] >= worst[2]
+        add(name, "PASS" if ok else "FAIL",
+            f"{len(withc)} cases, lowest {100 * worst[1] / worst[2]:.1f}% of the ceiling "
+            f"({worst[1]:.0f} of {worst[2]:.0f} GB/s, {_tag(worst[0])})")
+
+    # 3. two small shapes, fp16, layout N, one vector
+    for (M, K), limit, only_h200 in (((256, 65536), T_SHORT_WIDE_US, True), ((1024, 1024), T_SMALL_US, False)):
+        name = f"{M}x{K} float16 (layout N, batch 1) <= {limit:g} us graph-replayed" + (" on H200" if only_h200 else "")
+        rec = next((r for r in records if case_key(r) == ("float16", "N", 1, M, K)), None)
+        us = gemvx_us(rec) if rec else None
+        if us is None:
+            add(name, "N/A", "not measured")
+        elif only_h200 and not is_h200:
+            add(name, "N/A", f"{us:.2f} us on {device_name} (the target is set for H200)")
+        else:
+            add(name, "PASS" if us <= limit else "FAIL", f"{us:.2f} us")
+
+    # 4. transposed layout against row-major, 5. batch 16 against batch 1, at W >= 32 MiB
+    by_key = {case_key(r): r for r in records}
+    for name, pairs, limit in (
+        (f"layout T within {100 * (T_TRANSPOSED - 1):.0f}% of layout N at W >= 32 MiB",
+         [(k, k[:1] + ("N",) + k[2:]) for k in by_key if k[1] == "T"], T_TRANSPOSED),
+        (f"batch 16 <= {T_BATCH16:g}x batch 1 at W >= 32 MiB",
+         [(k, k[:2] + (1,) + k[3:]) for k in by_key if k[2] == 16], T_BATCH16),
+    ):
+        rows = []
+        for k, base in pairs:
+            if base not in by_key or by_key[k].get("w_bytes", 0) < T_MID_W:
+                continue
+            a, b = gemvx_us(by_key[k]), gemvx_us(by_key[base])
+            if a and b:
+                rows.append((a / b, by_key[k], a, b))
+        if not rows:
+            add(name, "N/A", "no pair of cases measured")
+            continue
+        worst = max(rows, key=lambda x: x[0])
+        bad = [x for x in rows if x[0] > limit]
+        detail = (f"{len(rows)} pairs, worst ratio {worst[0]:.3f} ({_tag(worst[1])}: {worst[2]:.1f} vs "
+                  f"{worst[3]:.1f} us); {len(bad)} above {limit:g}")
+        add(name, "FAIL" if bad else "PASS", detail)
+    return out
+
+
+# ---- tables ----------------------------------------------------------------------------------
+
+def _fmt_us(us: float | None) -> str:
+    if us is None:
+        return "-"
+    return f"{us:.2f}" if us < 10 else f"{us:.1f}"
+
+
+def _cell(r: dict | None, mode: str | None = None) -> str:
+    """A peer's time cell: us (with 'e' when eager), or its status, or '-' when it did not run."""
+    if not r or r.get("status") in (None, "n/a"):
+        return "-"
+    t = timing(r, mode)
+    if t is None:
+        return r.get("status", "-") if r.get("status") != "ok" else "-"
+    return _fmt_us(t["us"]) + ("e" if t["mode"] == "eager" else "")
+
+
+def _ratio_cell(x: dict | None) -> str:
+    if not x:
+        return "-"
+    return f"{x['ratio']:.2f}" + ("e" if x["mode"] == "eager" else "")
+
+
+TABLE_HEADER = ["M x K", "W MiB", "gemvx us", "GB/s", "%ceil", "cfg", "eager us", "cuBLAS us",
+                "torch us", "Triton us", "gemv_ffi us", "jnp.dot us", "cuBLAS/", "torch/",
+                "Triton/", "jnp.dot/ffi", "best"]
+
+
+def case_row(rec: dict) -> list[str]:
+    M, K = rec["M"], rec["K"]
+    w = f"{rec.get('w_bytes', 0) / MIB:.1f}"
+    if rec.get("error"):
+        return [f"{M}x{K}", w, "ERR"] + ["-"] * (len(TABLE_HEADER) - 3)
+    im = rec.get("impls", {})
+    g = im.get("gemvx")
+    tg = timing(g, "graph")
+    rate = gbps(rec, tg)
+    ceil = rec.get("ceiling_gbps")
+    cfg = (g or {}).get("config")
+    ra = ratios(rec)
+    best = best_ratio(rec)
+    return [
+        f"{M}x{K}", w, _cell(g, "graph") if g else "-", f"{rate:.0f}" if rate else "-",
+        f"{100 * rate / ceil:.0f}" if rate and ceil else "-",
+        f"{cfg[0]}/{cfg[1]}" if cfg else "-", _cell(g, "eager").rstrip("e") if g else "-",
+        _cell(im.get("cublas")), _cell(im.get("torch")), _cell(im.get("triton")),
+        _cell(im.get("gemv_ffi"), "jit"), _cell(im.get("xla"), "jit"),
+        _ratio_cell(ra.get("cublas")), _ratio_cell(ra.get("torch")), _ratio_cell(ra.get("triton")),
+        _ratio_cell(ra.get("xla")), f"{best[0]:.2f}" if best else "-",
+    ]
+
+
+def groups(records: list[dict]) -> list[tuple[tuple[str, str, int], list[dict]]]:
+    out: dict[tuple, list[dict]] = {}
+    for rec in records:
+        out.setdefault(case_key(rec)[:3], []).append(rec)
+    return list(out.items())
+
+
+def summary_rows(records: list[dict]) -> list[list[str]]:
+    rows = []
+    for (d, lay, b), recs in groups(records) + [(("all", "", 0), records)]:
+        br = [(x[0], rec) for rec in recs if (x := best_ratio(rec))]
+        if not br:
+            rows.append([d, lay, str(b) if b else "", str(len(recs)), "-", "-", "-"])
+            continue
+        worst = min(br, key=lambda x: x[0])
+        rows.append([d, lay, str(b) if b else "", str(len(recs)), f"{geomean([x[0] for x in br]):.3f}",
+                     f"{worst[0]:.3f}", f"{worst[1]['M']}x{worst[1]['K']}" if d != "all" else _tag(worst[1])])
+    return rows
+
+
+SUMMARY_HEADER = ["dtype", "layout", "batch", "cases", "geomean best", "min best", "at"]
+
+
+def text_table(header: list[str], rows: list[list[str]], left: int = 1) -> str:
+    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(header)]
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(c.ljust(w) if i < left else c.rjust(w)
+                         for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+
+    return "\n".join([line(header), "  ".join("-" * w for w in widths)] + [line(r) for r in rows])
+
+
+def md_table(header: list[str], rows: list[list[str]], left: int = 1) -> str:
+    align = ["---" if i < left else "---:" for i in range(len(header))]
+    return "\n".join("| " + " | ".join(r) + " |" for r in [header, align] + rows)
+
+
+# ---- the report ------------------------------------------------------------------------------
+
+def _device_line(meta: dict) -> str:
+    d = meta.get("device", {})
+    return (f"{d.get('name', '?')}, sm_{str(d.get('cc', '?')).replace('.', '')}, {d.get('sm_count', '?')} SMs, "
+            f"L2 {d.get('l2_bytes', 0) / MIB:.0f} MiB, {d.get('mem_total', 0) / 2**30:.1f} GiB; "
+            f"CUDA driver {d.get('driver', '?')}, runtime {d.get('runtime', '?')} (CuPy's)")
+
+
+def _libs_line(meta: dict) -> str:
+    v = meta.get("versions", {})
+    keys = ("gemvx", "python", "numpy", "cupy", "torch", "triton", "jax", "jaxlib", "ml_dtypes")
+    return ", ".join(f"{k} {v[k]}" for k in keys if k in v)
+
+
+def _part_rows(metas: list[dict], records: list[dict]) -> list[list[str]]:
+    rows = []
+    for i, m in enumerate(metas):
+        recs = [r for r in records if r["part"] == i]
+        c = (m.get("ceiling") or {}).get("read_gbps")
+        sel = sorted({f"{case_key(r)[0]} {case_key(r)[1]} b{case_key(r)[2]}" for r in recs})
+        rows.append([Path(m["file"]).name, str(m.get("date", "?")),
+                     "quick" if (m.get("args") or {}).get("quick") else "full", f"{c:.0f}" if c else "-",
+                     str(len(recs)), ", ".join(sel) if len(sel) <= 4 else f"{len(sel)} (dtype, layout, batch)",
+                     f"{m.get('elapsed_s', '?')}"])
+    return rows
+
+
+PART_HEADER = ["file", "date", "run", "read ceiling GB/s", "cases", "covers", "seconds"]
+
+
+def _notes(metas: list[dict], records: list[dict]) -> list[str]:
+    """Run notes, plus implementation errors and skips grouped by message."""
+    out = []
+    for m in metas:
+        for k, v in (m.get("notes") or {}).items():
+            line = f"{k}: {v}"
+            if line not in out:
+                out.append(line)
+    grouped: dict[tuple[str, str], list[str]] = {}
+    for rec in records:
+        if rec.get("error"):
+            grouped.setdefault(("case", rec["error"]), []).append(_tag(rec))
+            continue
+        for key, r in rec.get("impls", {}).items():
+            st = r.get("status")
+            if st in ("FAIL", "ERR"):
+                grouped.setdefault((key, f"{st}: {r.get('error', '')}"), []).append(_tag(rec))
+            elif st == "n/a" and r.get("error"):
+                grouped.setdefault((key, f"not run: {r['error']}"), []).append(_tag(rec))
+            elif r.get("graph_error"):
+                grouped.setdefault((key, f"graph capture failed, timed eagerly ('e'): {r['graph_error']}"),
+                                   []).append(_tag(rec))
+    for (key, msg), tags in grouped.items():
+        where = "all cases" if len(tags) == len(records) else (
+            ", ".join(tags[:6]) + (f" and {len(tags) - 6} more" if len(tags) > 6 else ""))
+        out.append(f"{key}: {msg} [{where}]")
+    return out
+
+
+def coverage(records: list[dict]) -> str:
+    """What the records cover: dtypes, layouts, batches, shapes, implementations with a time."""
+    keys = [case_key(r) for r in records]
+    impls = [label for key, label, *_ in PLOT_IMPLS
+             if any(timing(r.get("impls", {}).get(key)) for r in records)]
+    return (f"{len(records)} cases; dtypes {', '.join(dict.fromkeys(k[0] for k in keys))}; layouts "
+            f"{', '.join(sorted({k[1] for k in keys}))}; batches {', '.join(map(str, sorted({k[2] for k in keys})))}; "
+            f"{len({k[3:] for k in keys})} shapes; timed: {'; '.join(impls) or 'nothing'}")
+
+
+EXPLAIN = (
+    "Times in us per call. gemvx us: the CuPy door, CUDA-graph replayed (R calls per graph, median of "
+    "replays, W rotated past L2); eager us: the same call made eagerly from Python. cuBLAS = "
+    "cupy.matmul (CuPy cannot capture cuBLAS in a graph: eager, marked e); torch = torch.mv / "
+    "torch.matmul (graph); Triton = benchmarks/triton_gemv.py, autotuned (graph; one vector only); "
+    "gemv_ffi = the JAX door and jnp.dot = XLA, both device time per call from JAX's profiler. "
+    "GB/s counts W + x + y bytes; %ceil = gemvx GB/s / the measured read ceiling; cfg = the "
+    "table's config/splits. Ratio columns: peer time / gemvx time (> 1: gemvx faster), like with "
+    "like (e: eager vs eager; jnp.dot/ffi: profiler vs profiler); best = the smallest ratio.")
+
+
+def render(metas: list[dict], records: list[dict], *, md: bool = False, spec: float | None = None,
+           plots: list[str] | None = None) -> str:
+    """The whole report as text (stdout) or Markdown (BENCHMARKS.md)."""
+    table = md_table if md else text_table
+    device = (metas[0].get("device") or {}).get("name") if metas else None
+    targets = check_targets(records, device, spec)
+    out = []
+    h = (lambda level, s: "#" * level + " " + s) if md else (lambda level, s: s + "\n" + ("=" if level < 3 else "-") * len(s))
+    if md:
+        out += ["# gemvx benchmarks", "",
+                "Generated by `python benchmarks/report.py "
+                + " ".join(str(m.get("file", "?")) for m in metas) + " --md ...` from the JSON "
+                "of `python benchmarks/bench.py`: do not edit by hand (benchmarks/README.md "
+                "describes the method).", ""]
+    m0 = metas[0] if metas else {}
+    out += [f"device: {_device_line(m0)}", "", f"libraries: {_libs_line(m0)}", ""]
+    out += [f"covers: {coverage(records)}", ""]
+    spec_v = spec if spec is not None else spec_gbps(device)
+    out += [f"spec bandwidth used by the targets: {f'{spec_v:.0f} GB/s' if spec_v else 'unknown'}", ""]
+    out += [table(PART_HEADER, _part_rows(metas, records), left=3), ""]
+    notes = _notes(metas, records)
+    if notes:
+        out += [h(2, "Notes"), ""] + [("- " if md else "  ") + n for n in notes] + [""]
+    n_pass = sum(t["status"] == "PASS" for t in targets)
+    n_fail = sum(t["status"] == "FAIL" for t in targets)
+    out += [h(2, f"TARGETS: {n_pass} PASS, {n_fail} FAIL, {len(targets) - n_pass - n_fail} N/A"), ""]
+    for t in targets:
+        out.append(f"{'- ' if md else ''}**{t['status']}** {t['target']}: {t['detail']}" if md
+                   else f"[{t['status']:4s}] {t['target']}\n         {t['detail']}")
+    out += ["", h(2, "Summary: best-peer ratio (peer time / gemvx time, smallest over peers)"), ""]
+    out += [table(SUMMARY_HEADER, summary_rows(records), left=3), ""]
+    out += [h(2, "Results"), "", EXPLAIN, ""]
+    for (d, lay, b), recs in groups(records):
+        title = f"{d}, layout {lay} ({'W (M, K), y = W x' if lay == 'N' else 'W stored (K, M), y = W^T x'}), batch {b}"
+        out += [h(3, title), "", table(TABLE_HEADER, [case_row(r) for r in recs]), ""]
+    if plots:
+        out += [h(2, "Plots"), ""]
+        out += [f"![{Path(p).stem}]({p})" if md else p for p in plots] + [""]
+    return "\n".join(out)
+
+
+# ---- plots -----------------------------------------------------------------------------------
+
+def plot(records: list[dict], prefix: str | os.PathLike, spec: float | None = None,
+         device: str | None = None) -> list[str]:
+    """Achieved GB/s against bytes of W, one PNG per layout (``{prefix}_N.png``, ...), a panel per
+    (dtype, batch), a line per implementation, the read ceiling (and spec) as horizontal lines.
+    Returns the files written. Needs matplotlib."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    files = []
+    for layout in sorted({case_key(r)[1] for r in records}):
+        recs = [r for r in records if case_key(r)[1] == layout and not r.get("error")]
+        dtypes = sorted({case_key(r)[0] for r in recs}, key=lambda d: _DTYPE_ORDER.get(d, 9))
+        batches = sorted({case_key(r)[2] for r in recs})
+        if not recs:
+            continue
+        fig, axes = plt.subplots(len(dtypes), len(batches), squeeze=False, sharex=True, sharey=True,
+                                 figsize=(max(4.8 * len(batches), 10.0), 3.6 * len(dtypes) + 0.8))
+        for i, d in enumerate(dtypes):
+            for j, b in enumerate(batches):
+                ax = axes[i][j]
+                panel = sorted((r for r in recs if case_key(r)[0] == d and case_key(r)[2] == b),
+                               key=lambda r: (r["w_bytes"], r["M"]))
+                for key, label, color, style in PLOT_IMPLS:
+                    pts = [(r["w_bytes"], gbps(r, timing(r["impls"].get(key)))) for r in panel]
+                    pts = [(x, y) for x, y in pts if y]
+                    if pts:
+                        ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", ms=3, lw=1,
+                                color=color, ls=style, label=label)
+                ceils = sorted(r["ceiling_gbps"] for r in panel if r.get("ceiling_gbps"))
+                if ceils:
+                    ax.axhline(ceils[len(ceils) // 2], color="k", ls="--", lw=1, label="read ceiling (measured)")
+                if spec:
+                    ax.axhline(spec, color="gray", ls=":", lw=1, label="spec bandwidth")
+                ax.set_xscale("log", base=2)
+                ax.set_title(f"{d}, layout {layout}, batch {b}", fontsize=9)
+                ax.grid(True, which="both", alpha=0.3)
+                if i == len(dtypes) - 1:
+                    ax.set_xlabel("bytes of W")
+                if j == 0:
+                    ax.set_ylabel("GB/s (W + x + y)")
+        handles, labels = axes[0][0].get_legend_handles_labels()
+        for row in axes:
+            for ax in row:
+                for hnd, lab in zip(*ax.get_legend_handles_labels()):
+                    if lab not in labels:
+                        handles.append(hnd)
+                        labels.append(lab)
+        fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=8, frameon=False)
+        fig.suptitle(f"gemvx GEMV bandwidth, layout {layout}" + (f", {device}" if device else "")
+                     + " (points at one W: several shapes)", fontsize=10)
+        fig.tight_layout(rect=(0, 0.8 / fig.get_figheight(), 1, 0.97))
+        path = f"{prefix}_{layout}.png"
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        files.append(path)
+    return files
+
+
+def have_matplotlib() -> bool:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+# ---- command line ----------------------------------------------------------------------------
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="report.py", description=__doc__.split("\n\n")[0])
+    ap.add_argument("json", nargs="+", help="bench.py --json files (parts of one run are merged)")
+    ap.add_argument("--md", metavar="PATH", help="write the report as Markdown (e.g. BENCHMARKS.md)")
+    ap.add_argument("--plot", metavar="PREFIX",
+                    help="plot files PREFIX_N.png, PREFIX_T.png (default with --md: "
+                         "benchmarks/plots/bench next to the Markdown file)")
+    ap.add_argument("--no-plot", action="store_true", help="no plots")
+    ap.add_argument("--spec-gbps", type=float, default=None,
+                    help="spec bandwidth in GB/s for the bandwidth target (default: by device name)")
+    args = ap.parse_args(argv)
+    try:
+        metas, records = load(args.json)
+    except (OSError, ValueError) as exc:
+        print(f"report.py: {exc}", file=sys.stderr)
+        return 2
+    device = (metas[0].get("device") or {}).get("name")
+    spec = args.spec_gbps if args.spec_gbps is not None else spec_gbps(device)
+    plots: list[str] = []
+    prefix = args.plot or (str(Path(args.md).parent / "benchmarks" / "plots" / "bench") if args.md else None)
+    if prefix and not args.no_plot:
+        if have_matplotlib():
+            plots = plot(records, prefix, spec, device)
+        else:
+            print("report.py: matplotlib is not installed: no plots", file=sys.stderr)
+    print(render(metas, records, spec=spec, plots=plots))
+    if args.md:
+        md_dir = Path(args.md).resolve().parent
+        rel = [os.path.relpath(Path(p).resolve(), md_dir) for p in plots]
+        Path(args.md).write_text(render(metas, records, md=True, spec=spec, plots=rel) + "\n")
+        print(f"\nreport.py: wrote {args.md}" + (f" and {', '.join(plots)}" if plots else ""), file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

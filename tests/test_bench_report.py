@@ -1,0 +1,414 @@
+"""CPU tests of the benchmark's non-GPU parts: benchmarks/report.py (merging runs, ratios, the
+TARGETS check, text and Markdown reports, plots) on synthetic runs, benchmarks/bench.py's command
+line and profiler-trace parsing, and gemvx._measure's helpers with NumPy standing in for CuPy.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+BENCH_DIR = Path(__file__).resolve().parents[1] / "benchmarks"
+sys.path.insert(0, str(BENCH_DIR))
+
+import bench  # noqa: E402
+import report  # noqa: E402
+
+from gemvx import _measure  # noqa: E402
+
+H200 = "NVIDIA H200"
+CEIL = 4500.0
+
+
+def _bytes(dtype: str, batch: int, M: int, K: int) -> tuple[int, int]:
+    es = 4 if dtype == "float32" else 2
+    return M * K * es, (M * K + batch * (M + K)) * es
+
+
+def _case(dtype: str, layout: str, batch: int, M: int, K: int, us: float, *,
+          peers: dict[str, float] | None = None, ceiling: float | None = CEIL) -> dict:
+    """A case where gemvx takes ``us`` (graph), us + 2 (eager), the JAX door us + 0.1, and each
+    peer ``factor`` x the matching gemvx time (cuBLAS eager only, like CuPy's)."""
+    w, per = _bytes(dtype, batch, M, K)
+    peers = {"torch": 1.3, "cublas": 1.5, "xla": 1.2, "triton": 1.16} if peers is None else peers
+    ffi = us + 0.1
+    im: dict[str, Any] = {
+        "gemvx": {"status": "ok", "graph": {"us": us}, "eager": {"us": us + 2}, "config": [4, 1]},
+        "gemv_ffi": {"status": "ok", "jit": {"us": ffi}},
+    }
+    for key, f in peers.items():
+        if key == "cublas":
+            im[key] = {"status": "ok", "eager": {"us": f * (us + 2)}, "graph_error": "no capture"}
+        elif key == "xla":
+            im[key] = {"status": "ok", "jit": {"us": f * ffi}}
+        elif key == "triton" and batch > 1:
+            im[key] = {"status": "n/a", "error": "batch 1 only"}
+        else:
+            im[key] = {"status": "ok", "graph": {"us": f * us}}
+    return {"dtype": dtype, "layout": layout, "batch": batch, "M": M, "K": K, "w_bytes": w,
+            "bytes_per_call": per, "ceiling_gbps": ceiling, "impls": im}
+
+
+def _us_at(dtype: str, batch: int, M: int, K: int, gbps: float) -> float:
+    return _bytes(dtype, batch, M, K)[1] / (gbps * 1e9) * 1e6
+
+
+def passing_run() -> list[dict]:
+    """Synthetic cases that meet every target on an H200."""
+    big = _us_at("float16", 1, 16384, 16384, 4550.0)
+    return [
+        _case("float16", "N", 1, 1024, 1024, 2.2),
+        _case("float16", "N", 1, 256, 65536, 9.5),
+        _case("float16", "N", 1, 16384, 16384, big),
+        _case("float16", "N", 1, 8192, 8192, 30.0),
+        _case("float16", "T", 1, 8192, 8192, 31.0),
+        _case("float16", "N", 16, 8192, 8192, 36.0),
+        _case("float16", "T", 16, 8192, 8192, 37.5),
+        _case("float16", "T", 16, 1024, 1024, 5.0),  # below 32 MiB: no pair target applies
+    ]
+
+
+def _meta(device: str = H200, **over: Any) -> dict:
+    m = {"date": "2026-01-01 00:00:00Z", "device": {"name": device, "cc": "9.0", "sm_count": 132,
+                                                   "l2_bytes": 60 << 20, "mem_total": 140 << 30},
+         "versions": {"gemvx": "0.1.0"}, "args": {"quick": False}, "ceiling": {"read_gbps": CEIL},
+         "notes": {}, "elapsed_s": 12.5}
+    m.update(over)
+    return m
+
+
+def _status(records: list[dict], device: str = H200) -> list[str]:
+    return [t["status"] for t in report.check_targets(records, device)]
+
+
+# ---- ratios ----------------------------------------------------------------------------------
+
+def test_ratios_like_with_like() -> None:
+    rec = _case("float16", "N", 1, 4096, 4096, 10.0)
+    r = report.ratios(rec)
+    assert r["torch"] == {"ratio": pytest.approx(1.3), "mode": "graph"}
+    assert r["triton"]["ratio"] == pytest.approx(1.16)
+    assert r["cublas"] == {"ratio": pytest.approx(1.5), "mode": "eager"}  # eager vs gemvx eager
+    assert r["xla"] == {"ratio": pytest.approx(1.2), "mode": "jit"}       # vs the JAX door
+    assert report.best_ratio(rec) == (pytest.approx(1.16), "triton")
+    # a captured cuBLAS graph is compared graph to graph
+    rec["impls"]["cublas"]["graph"] = {"us": 25.0}
+    assert report.ratios(rec)["cublas"] == {"ratio": 2.5, "mode": "graph"}
+    # failed or missing peers have no ratio; no peers: no best ratio
+    rec["impls"]["torch"]["status"] = "FAIL"
+    del rec["impls"]["triton"]
+    assert set(report.ratios(rec)) == {"cublas", "xla"}
+    rec["impls"] = {"gemvx": rec["impls"]["gemvx"]}
+    assert report.best_ratio(rec) is None
+
+
+def test_spec_bandwidth_by_device_name() -> None:
+    assert report.spec_gbps("NVIDIA H200") == 4560
+    assert report.spec_gbps("NVIDIA H100 80GB HBM3") == 3180
+    assert report.spec_gbps("NVIDIA GH200 480GB") is None
+    assert report.spec_gbps("NVIDIA H100 PCIe") is None
+    assert report.spec_gbps(None) is None
+
+
+# ---- targets ---------------------------------------------------------------------------------
+
+def test_every_target_passes_on_a_passing_run() -> None:
+    t = report.check_targets(passing_run(), H200)
+    assert [x["status"] for x in t] == ["PASS"] * 7, t
+    detail = t[0]["detail"]
+    br = [report.best_ratio(r)[0] for r in passing_run()]
+    assert f"geometric mean {math.exp(sum(map(math.log, br)) / len(br)):.3f}" in detail
+    assert f"min {min(br):.3f}" in detail
+
+
+def test_targets_fail_one_at_a_time() -> None:
+    def run_with(i: int, **kw: Any) -> list[dict]:
+        recs = passing_run()
+        old = recs[i]
+        recs[i] = _case(old["dtype"], old["layout"], old["batch"], old["M"], old["K"],
+                        kw.pop("us", old["impls"]["gemvx"]["graph"]["us"]), **kw)
+        return recs
+
+    # a peer faster than gemvx on one case
+    st = _status(run_with(0, peers={"torch": 0.98}))
+    assert st[0] == "FAIL" and st[1:] == ["PASS"] * 6
+    detail = report.check_targets(run_with(0, peers={"torch": 0.98}), H200)[0]["detail"]
+    assert "1 below 1.00" in detail and "float16 N b1 1024x1024 0.98 (torch)" in detail
+    # every case above 1 but the geometric mean under 1.15
+    recs = [_case(r["dtype"], r["layout"], r["batch"], r["M"], r["K"], r["impls"]["gemvx"]["graph"]["us"],
+                  peers={"torch": 1.05}) for r in passing_run()]
+    assert _status(recs)[0] == "FAIL"
+    # big W under 95% of spec (and so under the ceiling)
+    slow = _us_at("float16", 1, 16384, 16384, 4300.0)
+    assert _status(run_with(2, us=slow))[1:3] == ["FAIL", "FAIL"]
+    # at 98% of spec but under a higher measured ceiling
+    assert _status(run_with(2, ceiling=4600.0))[1:3] == ["PASS", "FAIL"]
+    assert _status(run_with(1, us=10.5))[3] == "FAIL"
+    assert _status(run_with(0, us=2.4))[3:5] == ["PASS", "FAIL"]
+    assert _status(run_with(4, us=32.0))[5] == "FAIL"      # T 32 vs N 30: 6.7% slower
+    assert _status(run_with(5, us=40.0))[6] == "FAIL"      # batch 16 40 vs batch 1 30
+    assert _status(run_with(6, us=41.0))[5:] == ["FAIL", "FAIL"]  # T b16: vs N b16, vs T b1
+
+
+def test_targets_without_data_or_on_another_gpu() -> None:
+    assert _status([]) == ["N/A"] * 7
+    only_n = [r for r in passing_run() if r["layout"] == "N" and r["batch"] == 1]
+    assert _status(only_n)[5:] == ["N/A", "N/A"]
+    h100 = report.check_targets(passing_run(), "NVIDIA H100 80GB HBM3")
+    assert h100[3]["target"].startswith("256x65536")
+    assert h100[3]["status"] == "N/A" and "9.50 us" in h100[3]["detail"]
+    assert h100[1]["status"] == "PASS" and "3180" in h100[1]["target"]
+    assert report.check_targets(passing_run(), "Some GPU")[1]["status"] == "N/A"
+    assert report.check_targets(passing_run(), "Some GPU", spec=4000.0)[1]["status"] == "PASS"
+
+
+# ---- loading, rendering ----------------------------------------------------------------------
+
+def _dump(path: Path, records: list[dict], meta: dict | None = None) -> Path:
+    path.write_text(json.dumps({"meta": meta or _meta(), "results": records}))
+    return path
+
+
+def test_load_merges_parts(tmp_path: Path) -> None:
+    recs = passing_run()
+    a = _dump(tmp_path / "a.json", recs[:5])
+    changed = _case("float16", "N", 1, 1024, 1024, 2.25)
+    b = _dump(tmp_path / "b.json", recs[5:] + [changed], _meta(ceiling={"read_gbps": 4400.0}))
+    metas, records = report.load([a, b])
+    assert len(metas) == 2 and len(records) == len(recs)
+    got = {report.case_key(r): r for r in records}
+    assert report.gemvx_us(got[("float16", "N", 1, 1024, 1024)]) == 2.25  # the later file wins
+    assert got[("float16", "N", 1, 1024, 1024)]["part"] == 1
+    # order: dtype, layout, batch, size
+    keys = [report.case_key(r) for r in records]
+    assert keys == sorted(keys, key=lambda k: (k[1], k[2], k[3] * k[4], k[3]))
+
+
+def test_load_refuses_mixed_devices_and_other_files(tmp_path: Path) -> None:
+    a = _dump(tmp_path / "a.json", passing_run()[:1])
+    b = _dump(tmp_path / "b.json", passing_run()[1:2], _meta("NVIDIA H100 80GB HBM3"))
+    with pytest.raises(ValueError, match="different devices"):
+        report.load([a, b])
+    (tmp_path / "c.json").write_text("[]")
+    with pytest.raises(ValueError, match="not a bench.py JSON"):
+        report.load([tmp_path / "c.json"])
+    assert report.main([str(a), str(b)]) == 2
+
+
+def test_load_older_files(tmp_path: Path) -> None:
+    """Files from before layouts and batches were recorded: layout from 'transpose', batch 1,
+    the file's ceiling."""
+    old = [_case("float16", "N", 1, 1024, 1024, 2.5), _case("float16", "N", 1, 2048, 2048, 4.0)]
+    for r in old:
+        del r["layout"], r["batch"], r["ceiling_gbps"]
+    old[1]["transpose"] = True
+    _, records = report.load([_dump(tmp_path / "old.json", old)])
+    assert [report.case_key(r)[1:3] for r in records] == [("N", 1), ("T", 1)]
+    assert all(r["ceiling_gbps"] == CEIL for r in records)
+
+
+def test_render_text_and_markdown(tmp_path: Path) -> None:
+    metas, records = report.load([_dump(tmp_path / "run.json", passing_run())])
+    text = report.render(metas, records)
+    assert "TARGETS: 7 PASS, 0 FAIL, 0 N/A" in text
+    for title in ("float16, layout N (W (M, K), y = W x), batch 1",
+                  "float16, layout T (W stored (K, M), y = W^T x), batch 16"):
+        assert title in text
+    # the 1024x1024 N b1 row: time, GB/s, % of ceiling, config, eager, ratios, best
+    row = next(line for line in text.splitlines() if line.startswith("1024x1024 "))
+    cells = row.split()
+    _, per = _bytes("float16", 1, 1024, 1024)
+    gb = per / 2.2e-6 / 1e9
+    assert cells[:7] == ["1024x1024", "2.0", "2.20", f"{gb:.0f}", f"{100 * gb / CEIL:.0f}", "4/1", "4.20"]
+    assert cells[-5:] == ["1.50e", "1.30", "1.16", "1.20", "1.16"]
+    md = report.render(metas, records, md=True, plots=["benchmarks/plots/bench_N.png"])
+    assert md.startswith("# gemvx benchmarks")
+    assert "| M x K | W MiB | gemvx us |" in md and "**PASS**" in md
+    assert "![bench_N](benchmarks/plots/bench_N.png)" in md
+    # a failed case and a failed implementation show up as notes
+    bad = passing_run()
+    bad[0]["impls"]["torch"] = {"status": "FAIL", "error": "relative error 1 > tolerance 0.005"}
+    bad.append({"dtype": "float32", "layout": "N", "batch": 1, "M": 7, "K": 7, "error": "boom",
+                "w_bytes": 196, "bytes_per_call": 0, "impls": {}})
+    metas, records = report.load([_dump(tmp_path / "bad.json", bad)])
+    text = report.render(metas, records)
+    assert "torch: FAIL: relative error 1" in text and "case: boom [float32 N b1 7x7]" in text
+
+
+def test_report_main_writes_markdown_and_plots(tmp_path: Path) -> None:
+    run = _dump(tmp_path / "run.json", passing_run())
+    md = tmp_path / "BENCHMARKS.md"
+    assert report.main([str(run), "--md", str(md), "--no-plot"]) == 0
+    assert md.read_text().startswith("# gemvx benchmarks")
+    if not report.have_matplotlib():
+        pytest.skip("matplotlib is not installed: the plots are not drawn")
+    assert report.main([str(run), "--md", str(md)]) == 0
+    pngs = sorted((tmp_path / "benchmarks" / "plots").glob("*.png"))
+    assert [p.name for p in pngs] == ["bench_N.png", "bench_T.png"]
+    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
+    assert "![bench_T](benchmarks/plots/bench_T.png)" in md.read_text()
+
+
+# ---- bench.py: command line and profile parsing ----------------------------------------------
+
+def test_bench_arguments() -> None:
+    a = bench.parse_args([])
+    assert (a.dtypes, a.layouts, a.batches) == (["float16", "bfloat16", "float32"], ["N", "T"], [1, 4, 16])
+    squares = {(s, s) for s in (512, 1024, 2048, 4096, 8192, 16384)}
+    from gemvx.tune import DESIGN_SHAPES
+    assert set(a.shapes) == squares | set(DESIGN_SHAPES)
+    assert len(bench.cases(a)) == 3 * 2 * 3 * len(a.shapes)
+    q = bench.parse_args(["--quick"])
+    assert (q.dtypes, q.batches) == (["float16"], [1, 16])
+    assert ("float16", "N", 1, 1024, 1024) in bench.cases(q) and ("float16", "N", 1, 256, 65536) in bench.cases(q)
+    p = bench.parse_args(["--quick", "--dtypes", "float32,bfloat16", "--layouts", "t", "--batches", "4",
+                          "--shapes", "100x200", "--no-jax", "--json", "x.json"])
+    assert bench.cases(p) == [("float32", "T", 4, 100, 200), ("bfloat16", "T", 4, 100, 200)]
+    assert p.no_jax and p.json == "x.json"
+
+
+@pytest.mark.parametrize("argv", [["--dtypes", "int8"], ["--layouts", "NT"], ["--batches", "0"],
+                                  ["--shapes", "12"], ["--reps", "0"], ["--ceiling-gib", "0.5"]])
+def test_bench_rejects_bad_arguments(argv: list[str]) -> None:
+    with pytest.raises(SystemExit):
+        bench.parse_args(argv)
+
+
+def test_bench_dry_run(capsys: pytest.CaptureFixture) -> None:
+    assert bench.main(["--dry-run", "--quick"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1] == "16 cases" and len(out) == 17
+
+
+def test_kernel_time_from_profile() -> None:
+    ev = [{"ph": "M", "name": "process_name", "pid": 7, "args": {"name": "/device:GPU:0"}},
+          {"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "/host:CPU"}},
+          {"ph": "X", "pid": 1, "ts": 0, "dur": 1000, "name": "host work"}]
+    durs = [[2.0, 3.0], [2.5, 3.5]]  # two runs of two kernels
+    t = 100
+    for run in durs:
+        for d in run:
+            ev.append({"ph": "X", "pid": 7, "ts": t, "dur": d, "name": "gemv"})
+            ev.append({"ph": "X", "pid": 7, "ts": t + 1, "dur": 50, "name": "MemcpyD2H"})
+            t += 10
+    got = bench.kernel_us_per_call({"traceEvents": ev}, runs=2, calls=2)
+    assert got == [2.5, 3.0]
+    assert bench.kernel_us_per_call(ev, runs=3, calls=1) == [11.0 / 3]  # uneven: one mean
+    with pytest.raises(RuntimeError, match="no GPU kernels"):
+        bench.kernel_us_per_call(ev[:3], runs=1, calls=1)
+
+
+# ---- gemvx._measure with NumPy in place of CuPy ----------------------------------------------
+
+@pytest.mark.parametrize("transpose", [False, True])
+@pytest.mark.parametrize("batch", [None, 3])
+def test_measure_reference(transpose: bool, batch: int | None) -> None:
+    rng = np.random.default_rng(5)
+    M, K = 37, 53
+    W = rng.standard_normal((K, M) if transpose else (M, K)).astype(np.float16)
+    x = rng.standard_normal((K,) if batch is None else (batch, K)).astype(np.float16)
+    ref = _measure.reference(np, W, x, transpose, chunk_bytes=8 * 5 * max(M, K))  # many chunks
+    W64 = W.astype(np.float64)
+    want = x.astype(np.float64) @ (W64 if transpose else W64.T)
+    np.testing.assert_allclose(ref, want, rtol=1e-12)
+    assert ref.shape == ((M,) if batch is None else (batch, M))
+    y = want.astype(np.float16)
+    assert 0 < _measure.rel_err(np, y, ref) < _measure.tolerance("float16", K)
+    _measure.poison(y)
+    assert np.isnan(y).all() and math.isnan(_measure.rel_err(np, y, ref))
+
+
+def test_measure_bfloat16_and_tolerance() -> None:
+    dt = _measure.np_dtype("bfloat16")
+    a = np.array([1.0, -2.5, 3.140625], dtype=np.float32)
+    b = _measure.from_f32(np, a, dt)
+    assert b.dtype == dt and _measure.as_f64(np, b).tolist() == [1.0, -2.5, 3.140625]
+    y = b.copy()
+    _measure.poison(y)
+    assert np.isnan(y.astype(np.float32)).all()
+    assert _measure.tolerance("float32", 1 << 20) > _measure.tolerance("float32", 1)
+    assert _measure.tolerance("bfloat16", 1) > _measure.tolerance("float16", 1)
+
+
+# ---- bench.py end to end on a simulated GPU --------------------------------------------------
+
+def test_bench_end_to_end_on_a_simulated_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                             capsys: pytest.CaptureFixture) -> None:
+    """bench.py's whole CuPy path (operands, checks, graph and eager timing, JSON, report) with
+    CuPy, gemvx's kernels and cuBLAS simulated: a gemvx call costs 1 ns per element of W, a
+    cuBLAS call twice that; cuBLAS refuses capture, like CuPy's."""
+    import gemvx
+    import simgpu
+    from gemvx import _core
+    from gemvx.tune import _DRY_PROPS
+
+    cp = simgpu.sim_cupy()
+
+    def cost_ms(W: Any) -> float:
+        return W.size * 1e-6
+
+    def fake_gemv(W: Any, x: Any, out: Any = None, *, transpose: bool = False, config: Any = None) -> Any:
+        simgpu.spend(cost_ms(W))
+        if not simgpu.capturing():
+            W32, x32 = W.astype(np.float32), x.astype(np.float32)
+            out[...] = (x32 @ W32 if transpose else x32 @ W32.T).astype(out.dtype)
+        return out
+
+    def fake_matmul(a: Any, b: Any, out: Any = None) -> Any:
+        if simgpu.capturing():
+            raise NotImplementedError("calling cuBLAS API during stream capture is currently unsupported")
+        simgpu.spend(2 * cost_ms(a if a.ndim == 2 and a.size > b.size else b))
+        out[...] = np.matmul(a.astype(np.float32), b.astype(np.float32)).astype(out.dtype)
+        return out
+
+    cp.matmul = fake_matmul
+    monkeypatch.setitem(sys.modules, "cupy", cp)
+    monkeypatch.setattr(gemvx, "cupy_gemv", fake_gemv)
+    monkeypatch.setattr(_core, "device_properties", lambda d: dict(_DRY_PROPS))
+    monkeypatch.setattr(bench._CupyTimer, "_stream", None)
+    monkeypatch.setattr(bench, "measure_ceiling", lambda *a, **k: {"read_gbps": 100.0, "buffer_bytes": 1 << 30,
+                                                                  "read_best": None, "copy": None})
+    # The JAX door and XLA run for real on JAX's CPU backend; only the profile's kernel times are
+    # simulated (a CPU trace has no GPU timeline): 3 us per call for gemv_ffi, 4 for jnp.dot.
+    jax = pytest.importorskip("jax")
+
+    traces = []
+
+    def fake_kernel_us(trace: Any, runs: int, calls: int) -> list[float]:
+        traces.append(trace["traceEvents"] if isinstance(trace, dict) else trace)
+        return [3.0 if len(traces) % 2 else 4.0] * runs  # gemv_ffi is profiled first, then jnp.dot
+
+    monkeypatch.setitem(bench._OPTIONAL, "jax", (jax, ""))
+    monkeypatch.setattr(bench, "kernel_us_per_call", fake_kernel_us)
+    out = tmp_path / "sim.json"
+    argv = ["--dtypes", "float16", "--layouts", "N,T", "--batches", "1,3",
+            "--shapes", "64x96,40x33", "--no-torch", "--json", str(out), "--no-plot",
+            "--replays", "3", "--reps", "4"]
+    assert bench.main(argv) == 0
+    text = capsys.readouterr().out
+    assert "TARGETS:" in text and "float16, layout T (W stored (K, M), y = W^T x), batch 3" in text
+    data = json.loads(out.read_text())
+    assert len(data["results"]) == 8
+    for rec in data["results"]:
+        im = rec["impls"]
+        us = rec["M"] * rec["K"] * 1e-3
+        assert im["gemvx"]["status"] == "ok" and im["gemvx"]["rel_err"] < 1e-2
+        assert im["gemvx"]["graph"]["us"] == pytest.approx(us)
+        assert im["gemvx"]["eager"]["us"] == pytest.approx(us)
+        assert im["gemvx"]["config"] == list(gemvx._table.select(
+            "sm_90", "NVIDIA H200", 132, rec["dtype"], rec["layout"], rec["batch"], rec["M"], rec["K"]))
+        assert "capture" in im["cublas"]["graph_error"] and "graph" not in im["cublas"]
+        assert im["cublas"]["eager"]["us"] == pytest.approx(2 * us)
+        assert {im[k]["status"] for k in ("torch", "triton")} == {"n/a"}
+        for k in ("gemv_ffi", "xla"):  # checked against the float64 reference, then profiled
+            assert im[k]["status"] == "ok" and im[k]["rel_err"] < 1e-2, im[k]
+        assert im["gemv_ffi"]["jit"]["us"] == 3.0 and im["xla"]["jit"]["us"] == 4.0
+    assert len(traces) == 2 * 8 and all(traces)
+    _, records = report.load([out])
+    assert all(report.best_ratio(r) == (pytest.approx(4.0 / 3.0), "xla") for r in records)

@@ -1,0 +1,403 @@
+"""CPU tests of the tuner (``python -m gemvx.tune``) and of where tables are found.
+
+The timing itself needs a GPU (test_tune_small_grid, marked gpu); on the CPU: the grid,
+the candidates, the time estimate of the default grid, table writing and merging, the file names
+the loader looks for and the precedence of user tables over shipped ones, the command line.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from gemvx import _table, tune
+from gemvx._core import compiled_configs, config_by_id, gpu_count
+import simgpu
+
+CONFIGS = list(compiled_configs())
+N_IDS = [c["id"] for c in CONFIGS if c["layout"] == "N"]
+T_IDS = [c["id"] for c in CONFIGS if c["layout"] == "T"]
+
+
+def _entry(**over: Any) -> dict[str, Any]:
+    e = {"dtype": "float16", "layout": "N", "batch": 1, "M": 4096, "K": 4096, "config": N_IDS[0],
+         "splits": 1}
+    e.update(over)
+    return e
+
+
+def _write(path: Path, entries: list[dict], arch: str = "sm_977", device: str | None = None) -> Path:
+    path.write_text(json.dumps({"format": 1, "arch": arch, "device": device, "entries": entries}))
+    return path
+
+
+@pytest.fixture
+def dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """(user dir via $GEMVX_TABLE_DIR, package dir) for the test, table caches cleared around it."""
+    user, pkg = tmp_path / "user", tmp_path / "pkg"
+    user.mkdir()
+    pkg.mkdir()
+    monkeypatch.setenv("GEMVX_TABLE_DIR", str(user))
+    monkeypatch.setattr(_table, "PACKAGE_TABLES", pkg)
+    _table.table_for.cache_clear()
+    _table._select_cached.cache_clear()
+    yield user, pkg
+    _table.table_for.cache_clear()
+    _table._select_cached.cache_clear()
+
+
+# ---- where tables are found --------------------------------------------------------------------
+
+def test_table_filename() -> None:
+    assert _table.table_filename("sm_90") == "sm_90.json"
+    assert _table.table_filename("sm_90", "NVIDIA H200") == "sm_90_nvidia-h200.json"
+    assert _table.table_filename("sm_90", "NVIDIA H100 80GB HBM3") == "sm_90_nvidia-h100-80gb-hbm3.json"
+    assert _table.table_filename("sm_90", " / ") == "sm_90.json"  # nothing left of the name
+
+
+def test_user_dir_from_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("GEMVX_TABLE_DIR", str(tmp_path / "mine"))
+    assert _table.user_table_dir() == tmp_path / "mine"
+    monkeypatch.delenv("GEMVX_TABLE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    assert _table.user_table_dir() == tmp_path / "cache" / "gemvx" / "tables"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert _table.user_table_dir() == tmp_path / "home" / ".cache" / "gemvx" / "tables"
+
+
+def test_table_precedence(dirs: tuple[Path, Path]) -> None:
+    """User device file > user arch file > shipped device file > shipped arch file > none."""
+    user, pkg = dirs
+    a, b, c, d = N_IDS[:4]
+    arch, card = "sm_977", "Card X"
+
+    def pick() -> int | None:
+        _table.table_for.cache_clear()
+        t = _table.table_for(arch, card)
+        return None if t is None else t.lookup("float16", "N", 1, 4096, 4096)[0]
+
+    assert pick() is None
+    _write(pkg / "sm_977.json", [_entry(config=d)])
+    assert pick() == d
+    _write(pkg / "sm_977_card-x.json", [_entry(config=c)], device=card)
+    assert pick() == c
+    _write(user / "sm_977.json", [_entry(config=b)])
+    assert pick() == b
+    _write(user / "sm_977_card-x.json", [_entry(config=a)], device=card)
+    assert pick() == a
+    # another card of the architecture gets the user's architecture table
+    _table.table_for.cache_clear()
+    assert _table.table_for(arch, "Card Y").lookup("float16", "N", 1, 4096, 4096)[0] == b
+    # files of other names, and other architectures, are not read
+    _write(user / "sm_978.json", [_entry(config=d)], arch="sm_978")
+    (user / "junk.json").write_text("{not json")
+    assert pick() == a
+
+
+@pytest.mark.parametrize("name,arch,device,match", [
+    ("sm_977.json", "sm_976", None, "is for 'sm_976'"),
+    ("sm_977_card-x.json", "sm_977", "Card Z", "is for device 'Card Z'"),
+    ("sm_977_card-x.json", "sm_977", None, "is for device None"),
+])
+def test_table_named_for_another_gpu_is_an_error(dirs: tuple[Path, Path], name: str, arch: str,
+                                                 device: str | None, match: str) -> None:
+    user, _ = dirs
+    _write(user / name, [_entry()], arch=arch, device=device)
+    with pytest.raises(ValueError, match=match):
+        _table.table_for("sm_977", "Card X")
+
+
+# ---- grid, candidates, estimate ------------------------------------------------------------------
+
+def test_default_grid() -> None:
+    pts = tune.grid()
+    assert len(pts) == len(set(pts))
+    assert {p.dtype for p in pts} == {"float32", "float16", "bfloat16"}
+    assert {p.layout for p in pts} == {"N", "T"}
+    assert {p.batch for p in pts} == {1, 4, 16}
+    for dtype in tune.DTYPES:
+        for layout in tune.LAYOUTS:
+            mk = {(p.M, p.K) for p in pts if p.dtype == dtype and p.layout == layout and p.batch == 16}
+            assert set(tune.DESIGN_SHAPES) <= mk
+            pow2 = {(M, K) for M in tune.GRID_SIZES for K in tune.GRID_SIZES
+                    if M * K * tune.itemsize(dtype) <= tune.MAX_W_BYTES}
+            assert pow2 <= mk <= pow2 | set(tune.DESIGN_SHAPES)
+            assert (256, 131072) in mk and (131072, 256) in mk and (131072, 131072) not in mk
+    assert min(tune.GRID_SIZES) == 256 and max(tune.GRID_SIZES) == 131072
+    # the batches of one shape are adjacent (they share W on the GPU)
+    assert [p.batch for p in pts[:3]] == [1, 4, 16] and len({p[:2] + p[3:] for p in pts[:3]}) == 1
+
+
+def test_grid_options() -> None:
+    pts = tune.grid(["float32"], ["T"], [2], shapes=[(5, 7), (300000, 9000)])
+    assert pts == [tune.Point("float32", "T", 2, 5, 7), tune.Point("float32", "T", 2, 300000, 9000)]
+    quick = tune.grid(["float16"], ["N"], [1], quick=True)
+    assert {(p.M, p.K) for p in quick} == ({(M, K) for M in tune.QUICK_SIZES for K in tune.QUICK_SIZES
+                                           if M * K * 2 <= tune.MAX_W_BYTES} | set(tune.DESIGN_SHAPES))
+    small = tune.grid(["float16"], ["N"], [1], max_w_bytes=1 << 20)
+    assert all(p.M * p.K * 2 <= 1 << 20 for p in small if (p.M, p.K) not in tune.DESIGN_SHAPES)
+
+
+@pytest.mark.parametrize("layout", ["N", "T"])
+@pytest.mark.parametrize("batch", [1, 4, 16])
+def test_candidates(layout: str, batch: int) -> None:
+    by_id = config_by_id()
+    for M, K in [(256, 256), (4096, 4096), (256, 131072), (131072, 256), (1000, 4096)]:
+        p = tune.Point("float16", layout, batch, M, K)
+        cand = tune.candidates(p)
+        assert len(cand) == len(set(cand))
+        ids = {cid for cid, _ in cand}
+        want = {c["id"] for c in CONFIGS if c["layout"] == layout
+                and (c["max_vectors"] > 1) == (batch > 1)}
+        assert ids == want
+        every = tune.candidates(p, all_configs=True)
+        assert {cid for cid, _ in every} == {c["id"] for c in CONFIGS if c["layout"] == layout}
+        prob = tune._problem(p)
+        for cid, s in cand:
+            assert by_id[cid]["layout"] == layout
+            # splits as the launcher runs them: asking for them again gives them back
+            assert tune.effective_splits(prob, cid, s) == s
+        # long rows take every split count up to 128 with some config; short rows fewer
+        most = max(s for _, s in cand)
+        if K == 131072:
+            assert most == 128
+        if K == 256:
+            assert most < 128
+
+
+def test_default_grid_fits_the_time_budget() -> None:
+    """A full tune of the default grid on an H200 must take about 6 minutes at most (by the
+    cost model, whose constants a GPU run can check: it prints real time beside the estimate)."""
+    pts = tune.grid()
+    n = [len(tune.candidates(p)) for p in pts]
+    est = tune.estimate_seconds(pts, n, 60 << 20)
+    assert sum(n) > 10 * len(pts)  # every point times many candidates
+    assert est < 6 * 60, (sum(n), est)
+    # the model charges 1.2 ms of host time or more per timing
+    assert est > sum(n) * 1.2e-3
+
+
+def test_timing_plan() -> None:
+    l2 = 60 << 20
+    small = tune.timing_plan(tune.Point("float16", "N", 1, 256, 256), l2)
+    assert small.reps == tune.R_MAX and small.flush
+    big = tune.timing_plan(tune.Point("float32", "N", 1, 128256, 4096), l2)
+    assert big.reps == tune.R_MIN and not big.flush
+    mid = tune.timing_plan(tune.Point("float16", "N", 16, 8192, 8192), l2)
+    assert tune.R_MIN <= mid.reps <= tune.R_MAX
+
+
+def test_choose_prefers_fewer_splits_within_tie() -> None:
+    res = [{"config": 1, "splits": 4, "us": 10.0, "status": "ok"},
+           {"config": 2, "splits": 1, "us": 10.05, "status": "ok"},
+           {"config": 3, "splits": 1, "us": 9.0, "status": "FAIL"},
+           {"config": 4, "splits": 2, "us": 10.02, "status": "ok"}]
+    assert tune.choose(res)["config"] == 2
+    res[1]["us"] = 10.2  # beyond 1%: the fewest splits within 1% of the fastest
+    assert tune.choose(res)["config"] == 4
+    res[3]["us"] = 10.5
+    assert tune.choose(res)["config"] == 1
+    assert tune.choose([{"config": 1, "splits": 1, "status": "ERR"}]) is None
+
+
+# ---- writing and merging tables ----------------------------------------------------------------
+
+def _run() -> dict:
+    return {"date": "2026-01-01 00:00:00Z", "device": "Card X"}
+
+
+def test_write_table_round_trip(dirs: tuple[Path, Path]) -> None:
+    user, _ = dirs
+    out = tune.resolve_out(None, "sm_977", "Card X")
+    assert out == user / "sm_977_card-x.json"
+    entries = [_entry(M=1024, K=1024, config=N_IDS[1], splits=2, us=3.5),
+               _entry(layout="T", config=T_IDS[0], us=7.25)]
+    assert tune.write_table(out, "sm_977", "Card X", entries, _run(), merge=False) == []
+    t = _table.table_for("sm_977", "Card X")
+    assert t is not None and t.path == out
+    assert t.lookup("float16", "N", 1, 1000, 1000) == (N_IDS[1], 2)
+    assert t.lookup("float16", "T", 1, 4096, 4096) == (T_IDS[0], 1)
+    data = json.loads(out.read_text())
+    assert data["device"] == "Card X" and data["runs"] == [_run()]
+    assert not list(user.glob("*.tmp"))
+
+
+def test_merge_keeps_points_not_retuned(tmp_path: Path) -> None:
+    out = tmp_path / "sm_977.json"
+    missing = max(c["id"] for c in CONFIGS) + 977
+    old = [_entry(M=256, config=N_IDS[0]), _entry(M=512, config=N_IDS[0]),
+           _entry(M=1024, config=missing), _entry(M=2048, config=T_IDS[0])]
+    _write(out, old)
+    new = [_entry(M=512, config=N_IDS[2], splits=4)]
+    warnings = tune.write_table(out, "sm_977", None, new, _run(), merge=True)
+    assert any("2 old entries" in w for w in warnings)  # uncompiled id, wrong layout
+    got = {(e["M"], e["config"], e["splits"]) for e in json.loads(out.read_text())["entries"]}
+    assert got == {(256, N_IDS[0], 1), (512, N_IDS[2], 4)}
+    # without --merge the file holds only the new entries
+    tune.write_table(out, "sm_977", None, new, _run(), merge=False)
+    assert len(json.loads(out.read_text())["entries"]) == 1
+
+
+def test_merge_refuses_another_architecture(tmp_path: Path) -> None:
+    out = _write(tmp_path / "t.json", [_entry()], arch="sm_976")
+    with pytest.raises(ValueError, match="sm_976"):
+        tune.write_table(out, "sm_977", None, [_entry()], _run(), merge=True)
+
+
+def test_resolve_out(tmp_path: Path) -> None:
+    assert tune.resolve_out(str(tmp_path), "sm_90", "NVIDIA H200") == tmp_path / "sm_90_nvidia-h200.json"
+    assert tune.resolve_out(str(tmp_path / "new") + "/", "sm_90", None) == tmp_path / "new" / "sm_90.json"
+    assert tune.resolve_out(str(tmp_path / "x.json"), "sm_90", None) == tmp_path / "x.json"
+
+
+# ---- command line --------------------------------------------------------------------------------
+
+def test_parse_args() -> None:
+    a = tune.parse_args([])
+    assert (a.dtypes, a.layouts, a.batches) == (list(tune.DTYPES), ["N", "T"], [1, 4, 16])
+    a = tune.parse_args(["--dtypes", "bfloat16", "--layouts", "t", "--batches", "16,1",
+                         "--shapes", "4096x4096,256x65536", "--merge", "--out", "x"])
+    assert (a.dtypes, a.layouts, a.batches) == (["bfloat16"], ["T"], [16, 1])
+    assert a.shapes == [(4096, 4096), (256, 65536)] and a.merge and a.out == "x"
+
+
+@pytest.mark.parametrize("argv", [["--dtypes", "float64"], ["--layouts", "X"], ["--batches", "0"],
+                                  ["--batches", "a"], ["--shapes", "4096"], ["--shapes", "0x5"],
+                                  ["--replays", "0"], ["--max-w-mib", "-1"], ["--time-limit", "0"]])
+def test_parse_args_rejects(argv: list[str], capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as info:
+        tune.parse_args(argv)
+    assert info.value.code == 2
+    assert argv[0] in capsys.readouterr().err
+
+
+@pytest.mark.skipif(gpu_count() > 0, reason="this machine has a GPU: the dry run describes it")
+def test_dry_run_without_gpu(dirs: tuple[Path, Path], capsys: pytest.CaptureFixture) -> None:
+    user, _ = dirs
+    assert tune.main(["--dry-run", "--dtypes", "float16", "--layouts", "N"]) == 0
+    out = capsys.readouterr().out
+    assert "assumed: no GPU here" in out and str(user / "sm_90_nvidia-h200.json") in out
+    for b in (1, 4, 16):
+        assert f"float16   N batch {b:2d}:" in out
+    assert not list(user.iterdir())  # a dry run writes nothing
+    assert tune.main([]) == 2  # no GPU: a clear message, no traceback
+    assert "no CUDA GPU" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(gpu_count() > 0, reason="this machine has a GPU: the dry run describes it")
+def test_dry_run_with_a_broken_current_table(dirs: tuple[Path, Path], capsys: pytest.CaptureFixture) -> None:
+    """A table that no longer loads (say it names a config this build dropped) must not stop the
+    tuner that will replace it."""
+    user, _ = dirs
+    missing = max(c["id"] for c in CONFIGS) + 977
+    _write(user / "sm_90_nvidia-h200.json", [_entry(config=missing)], arch="sm_90", device="NVIDIA H200")
+    assert tune.main(["--dry-run", "--dtypes", "float16", "--layouts", "T", "--batches", "1"]) == 0
+    err = capsys.readouterr().err
+    assert err.count("the current table cannot be used") == 1 and str(missing) in err
+
+
+# ---- the tuning loop on a simulated GPU ----------------------------------------------------------
+
+def test_tune_end_to_end_on_a_simulated_gpu(dirs: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch,
+                                            tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """The whole loop (check, graph timing with the L2 flush taken off, choice, table, merge) with
+    CuPy and the kernels simulated: a call of config c costs cost_us(c, splits) of simulated GPU
+    time; config BAD writes nothing (so its check fails)."""
+    import gemvx
+    from gemvx import _core, _measure
+
+    FLUSH_US = 50.0
+    win = {"N": [c for c in N_IDS if config_by_id()[c]["max_vectors"] == 1][-1], "T": T_IDS[-1]}
+    bad = N_IDS[0]
+
+    def cost_us(cid: int, splits: int) -> float:
+        return 5.0 if cid in win.values() else 10.0 + 0.01 * cid + 0.001 * splits
+
+    def fake_gemv(W: Any, x: Any, out: Any = None, *, transpose: bool = False, config: Any = None) -> Any:
+        cid, splits = config
+        simgpu.spend(cost_us(cid, splits) / 1e3)
+        if cid != bad and not simgpu.capturing():
+            W32, x32 = W.astype(np.float32), x.astype(np.float32)
+            out[...] = (x32 @ W32 if transpose else x32 @ W32.T).astype(out.dtype)
+        return out
+
+    class FakeRead:
+        def __init__(self, cp: Any, src: Any, sm_count: int, *a: Any):
+            pass
+
+        def __call__(self, *_: Any) -> None:
+            simgpu.spend(FLUSH_US / 1e3)
+
+    monkeypatch.setitem(sys.modules, "cupy", simgpu.sim_cupy())
+    monkeypatch.setattr(gemvx, "cupy_gemv", fake_gemv)
+    monkeypatch.setattr(_measure, "StreamRead", FakeRead)
+    monkeypatch.setattr(_core, "gpu_count", lambda: 1)
+    monkeypatch.setattr(_core, "device_properties", lambda d: dict(tune._DRY_PROPS))
+
+    user, _ = dirs
+    raw = tmp_path / "raw.json"
+    argv = ["--dtypes", "float16,float32", "--layouts", "N,T", "--batches", "1",
+            "--shapes", "64x96,33x40", "--raw", str(raw)]
+    assert tune.main(argv) == 1  # config `bad` failed its checks
+    out = capsys.readouterr()
+    assert f"config {bad}/1 FAILED" in out.err and "FAILED the check" in out.out
+    entries = json.loads((user / "sm_90_nvidia-h200.json").read_text())["entries"]
+    assert len(entries) == 8
+    for e in entries:
+        assert (e["config"], e["splits"]) == (win[e["layout"]], 1)  # fastest; fewest splits among equals
+        assert e["us"] == pytest.approx(5.0)  # the flush's time is taken off
+    records = json.loads(raw.read_text())["points"]
+    for rec in records:
+        assert {r["config"] for r in rec["results"] if r["status"] == "FAIL"} == ({bad} if rec["layout"] == "N" else set())
+        for r in rec["results"]:
+            if r["status"] == "ok":
+                assert r["us"] == pytest.approx(cost_us(r["config"], r["splits"]))
+    # merge: re-tune one shape, keep the other's entries
+    assert tune.main(argv[:6] + ["--shapes", "64x96", "--merge"]) == 1
+    assert len(json.loads((user / "sm_90_nvidia-h200.json").read_text())["entries"]) == 8
+
+
+# ---- on the GPU ------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+def test_tune_small_grid(dirs: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """A real tune of a few points (a flushed small shape with odd sizes, a rotated large one):
+    every candidate passes its check, the table lands where gemvx looks and gemvx then runs
+    the tuned choices."""
+    from gemvx._core import device_properties
+
+    user, _ = dirs
+    raw = tmp_path / "raw.json"
+    argv = ["--dtypes", "float16", "--layouts", "N,T", "--batches", "1,4",
+            "--shapes", "257x1031,8192x8192", "--raw", str(raw)]
+    assert tune.main(argv) == 0, capsys.readouterr()
+    props = device_properties(0)
+    arch = f"sm_{props['major']}{props['minor']}"
+    path = user / _table.table_filename(arch, props["name"])
+    entries = json.loads(path.read_text())["entries"]
+    assert len(entries) == 8
+    records = json.loads(raw.read_text())["points"]
+    assert {r["flush"] for r in records} == {True, False}
+    for rec in records:
+        assert rec["results"] and all(r["status"] == "ok" for r in rec["results"]), rec
+        assert all(r["us"] > 0 for r in rec["results"])
+        best = rec["best"]
+        assert best["us"] <= min(r["us"] for r in rec["results"]) * (1 + tune.TIE)
+        _table.table_for.cache_clear()
+        _table._select_cached.cache_clear()
+        got = _table.select(arch, props["name"], props["sm_count"], rec["dtype"], rec["layout"],
+                            rec["batch"], rec["M"], rec["K"])
+        assert got == (best["config"], best["splits"])
+    # a second run with --merge over one shape keeps the other shape's entries
+    assert tune.main(argv[:6] + ["--shapes", "257x1031", "--merge"]) == 0
+    assert len(json.loads(path.read_text())["entries"]) == 8
+    # a time limit that stops the run before its first point: exit status 1, old entries kept
+    assert tune.main(argv[:6] + ["--shapes", "4096x4096", "--merge", "--time-limit", "1e-9"]) == 1
+    data = json.loads(path.read_text())
+    assert len(data["entries"]) == 8 and data["runs"][-1]["points_tuned"] == 0
