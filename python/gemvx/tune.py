@@ -15,7 +15,7 @@ own time, measured once, is subtracted: every call reads W from HBM, as in a mod
 
 Which candidates run: batch 1 takes the configs with ``max_vectors == 1``, batches > 1 the
 multi-vector ones (W read once per pass); ``--all-configs`` runs every config of the layout.
-Split counts 1, 2, 4, ... 128 are tried as far as the launcher uses them (``effective_splits``:
+Split counts 1, 2, 4, ... 256 are tried as far as the launcher uses them (``effective_splits``:
 every split keeps a full unrolled step per lane, so K limits them). The config the current table
 picks is always timed too, to report what the new table gains. Among results within 1% of the fastest, the fewest splits win (no
 workspace and no second kernel for eager callers).
@@ -51,7 +51,7 @@ QUICK_SIZES = (256, 1024, 4096, 16384, 65536)
 DESIGN_SHAPES = ((1024, 1024), (2048, 2048), (4096, 4096), (8192, 8192), (28672, 8192),
                  (128256, 4096), (256, 65536), (65536, 256), (1000, 4096))
 MAX_W_BYTES = 1 << 30          # grid points with a larger W are served by the nearest smaller one
-SPLITS = (1, 2, 4, 8, 16, 32, 64, 128)
+SPLITS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 TIE = 0.01                     # within 1% of the fastest, fewer splits win
 
 # Timing plan (see the module docstring).
