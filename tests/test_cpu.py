@@ -13,6 +13,9 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any, Callable
 
@@ -735,3 +738,26 @@ def test_launch_without_gpu_raises_no_gpu_error() -> None:
     status = _core._ext.launch(p, 4096, 4096, 4096, 0, 1.0, 0.0, 4, 1, 0, 0, 0)
     with pytest.raises(gemvx.NoGPUError, match="no CUDA GPU is available"):
         _core.raise_for_status(status, "launch")
+
+
+def test_extension_exports_only_its_init_function() -> None:
+    """The extension's dynamic symbol table holds PyInit__ext and nothing else that it defines:
+    a statically linked C++ runtime must not leak symbols into the process."""
+    nm = shutil.which("nm")
+    if nm is None:
+        pytest.skip("binutils' nm is not installed")
+    so = Path(_ext.__file__)
+    out = subprocess.run([nm, "-D", "--defined-only", str(so)], capture_output=True, text=True,
+                         check=True).stdout
+    names = {line.split()[-1] for line in out.splitlines() if line.strip()}
+    assert names == {"PyInit__ext"}, sorted(names)[:20]
+
+
+def test_other_extensions_load_after_gemvx() -> None:
+    """Importing gemvx first must not break a C++ extension imported after it (ml_dtypes computes
+    its float4 limits with the C++ runtime at import; this crashed when our runtime leaked)."""
+    code = ("import gemvx, gemvx._ext, ml_dtypes, numpy as np; "
+            "f = ml_dtypes.finfo(ml_dtypes.float4_e2m1fn); "
+            "assert float(f.max) == 6.0, f.max; print('ok')")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", (r.returncode, r.stdout, r.stderr[-2000:])
