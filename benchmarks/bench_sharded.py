@@ -32,6 +32,7 @@ times there).
 from __future__ import annotations
 
 import argparse
+import functools
 import glob
 import gzip
 import json
@@ -199,8 +200,8 @@ def main(argv: list[str] | None = None) -> int:
             t2 = wall_s(jax, two, (Ws, xs), args.runs)
             rec["wall_us"] = (t2 - t1) / reps * 1e6
             if args.platform == "gpu":
-                per_dev = [kernel_us_per_device(jax, lambda: one(Ws, xs[:reps]), reps)
-                           for _ in range(min(args.runs, 5))]
+                run_one = functools.partial(one, Ws, xs[:reps])
+                per_dev = [kernel_us_per_device(jax, run_one, reps) for _ in range(min(args.runs, 5))]
                 keys = sorted(set().union(*per_dev))
                 rec["kernel_us_by_device"] = {k: statistics.median(p.get(k, 0.0) for p in per_dev)
                                               for k in keys}
@@ -208,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
             log(f"  {name:9s} {nd} device(s): wall {rec['wall_us']:.1f} us"
                 + (f", kernel {rec['kernel_us']:.1f} us" if "kernel_us" in rec else ""))
             results.append(rec)
-            del Ws, xs
+            del Ws, xs, one, two
 
     print(f"\n{args.dtype} W {M}x{K} ({M * K * item / 2**20:.0f} MiB), split by rows over {D} "
           f"{args.platform} device(s) vs 1; {n} copies of W rotated, R={reps} calls per program")

@@ -396,3 +396,29 @@ def test_uneven_split(platform: str, split: str, transpose: bool,
         gathered = [c for c in compiled_collectives(compiled.as_text()) if c[0] == "all-gather"]
         n_dev = mesh.devices.size
         assert all(n <= n_dev * -(-m // n_dev) for _k, _dt, n in gathered), f"W gathered: {gathered}"
+
+
+@pytest.mark.parametrize("platform", ["cpu", pytest.param("gpu", marks=pytest.mark.gpu(door="jax"))])
+@pytest.mark.parametrize("transpose", BOOLS)
+def test_inside_shard_map(platform: str, transpose: bool, rng: np.random.Generator) -> None:
+    """Under shard_map the call sees the local blocks: with every axis manual it runs on them as
+    they are; with an axis left to the partitioner it runs unpartitioned over that axis."""
+    shard_map = getattr(jax, "shard_map", None)
+    if shard_map is None:
+        pytest.skip("this JAX has no jax.shard_map")
+    mesh = make_mesh(platform, (4, 2) if platform == "cpu" else (2, 1))
+    W = random_array(rng, stored_shape(M, K, transpose), "float32")
+    x = random_array(rng, (K,), "float32")
+    rows = P(None, ("a", "b")) if transpose else P(("a", "b"), None)
+    f = shard_map(lambda W, x: gemvx.gemv_ffi(W, x, transpose=transpose), mesh=mesh,
+                  in_specs=(rows, P()), out_specs=P(("a", "b")))
+    compiled = jax.jit(f).lower(W, x).compile()
+    assert_gemv_close(np.asarray(compiled(W, x)), W, x, transpose=transpose)
+    assert compiled_collectives(compiled.as_text()) == []
+
+    rows_a = P(None, "a") if transpose else P("a", None)
+    g = shard_map(lambda W, x: gemvx.gemv_ffi(W, x, transpose=transpose), mesh=mesh,
+                  in_specs=(rows_a, P()), out_specs=P("a"), axis_names={"a"})
+    w_spec = P("b", "a") if transpose else P("a", "b")
+    args = put(mesh, [W, x], [w_spec, P("b")])
+    assert_gemv_close(np.asarray(jax.jit(g)(*args)), W, x, transpose=transpose)

@@ -151,6 +151,18 @@ def _explicit_mesh(arrays: tuple[Any, ...]) -> Any:
     return None
 
 
+def _partly_manual() -> bool:
+    """Inside a shard_map that leaves some mesh axes to the partitioner: custom_partitioning
+    cannot see those shardings (they reach it undecoded), so the call runs unpartitioned there,
+    as any opaque custom call does (its operands gathered over the axes left automatic)."""
+    manual = getattr(getattr(jax.sharding, "AxisType", None), "Manual", None)
+    get_mesh = getattr(jax.sharding, "get_abstract_mesh", None)
+    if manual is None or get_mesh is None:
+        return False
+    kinds = tuple(getattr(get_mesh(), "axis_types", ()))
+    return manual in kinds and any(k != manual for k in kinds)
+
+
 @functools.lru_cache(maxsize=None)
 def _partitioned(alpha: float, beta: float, transpose: bool, config: Any,
                  w_shape: tuple[int, ...], x_shape: tuple[int, ...], has_y: bool) -> Any:
@@ -213,6 +225,8 @@ def _lift(a: Any, batched: bool, core_nd: int, rank: int, n: int) -> Any:
 def _core(alpha: float, beta: float, transpose: bool, config: Any, has_y: bool) -> Any:
     @custom_batching.custom_vmap
     def core(W, x, *y):
+        if _partly_manual():
+            return _lowered_call(W, x, y[0] if has_y else None, alpha, beta, transpose, config)
         f = _partitioned(alpha, beta, transpose, config, tuple(W.shape), tuple(x.shape), has_y)
         return f(W, x, *y)
 
