@@ -32,7 +32,7 @@ from jax.sharding import Mesh, NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import gemvx  # noqa: E402
-from gemvx import _table, jax_ops  # noqa: E402
+from gemvx import _partition, _table, jax_ops  # noqa: E402
 from gemvx._plan import plan_shapes  # noqa: E402
 from helpers import (  # noqa: E402
     DTYPES,
@@ -422,3 +422,53 @@ def test_inside_shard_map(platform: str, transpose: bool, rng: np.random.Generat
     w_spec = P("b", "a") if transpose else P("a", "b")
     args = put(mesh, [W, x], [w_spec, P("b")])
     assert_gemv_close(np.asarray(jax.jit(g)(*args)), W, x, transpose=transpose)
+
+
+# ---- the plan alone (no devices) -----------------------------------------------------------------
+
+AXES = {"a": 4, "b": 2}
+
+
+@pytest.mark.parametrize("transpose", BOOLS)
+def test_roles_and_rule(transpose: bool) -> None:
+    """Roles follow the layout and the broadcast of batch dims; the Shardy rule names K as the
+    reduction and gives broadcast size-1 dims factors of their own that need replication."""
+    w = (1, 5) + stored_shape(M, K, transpose)
+    (rw, rx, ry), out = _partition.dense_roles(w, (3, 5, K), transpose, has_y=True)
+    assert rw == (None, "b1") + (("K", "M") if transpose else ("M", "K"))
+    assert rx == ("b0", "b1", "K") and ry == out == ("b0", "b1", "M")
+    rule, kinds = _partition.sharding_rule((rw, rx, ry), out)
+    mat = "k m" if transpose else "m k"
+    assert rule == f"r0_0 b1 {mat}, b0 b1 k, b0 b1 m -> b0 b1 m"
+    assert kinds == {"reduction_factors": ("k",), "need_replication_factors": ("r0_0",)}
+
+
+def plan_for(w_spec: Any, x_spec: Any, out_spec: Any = None, w_shape: Any = (M, K),
+             x_shape: Any = (K,)) -> _partition.Plan:
+    roles, out = _partition.dense_roles(w_shape, x_shape, False, has_y=False)
+    norm = _partition.normalize_spec
+    return _partition.plan(roles, out, (w_shape, x_shape),
+                           (norm(w_spec, len(w_shape)), norm(x_spec, len(x_shape))),
+                           None if out_spec is None else norm(out_spec, len(out)), AXES)
+
+
+def test_plan_keeps_w_and_conforms_the_rest() -> None:
+    # x split along K over the axis that splits W's rows: x is gathered, W stays
+    p = plan_for(P("a", None), P("a"))
+    assert p.in_specs == ((("a",), ()), ((),)) and p.out_spec == (("a",),) and not p.reduces
+    # W split along K, x replicated: x is sliced to match; one sum over K's axes
+    p = plan_for(P(None, ("a", "b")), P())
+    assert p.in_specs[1] == (("a", "b"),) and p.psum_axes == ("a", "b") and p.out_spec == ((),)
+    # the output asked split over one of K's axes: reduce-scatter over it, sum over the other
+    p = plan_for(P(None, ("a", "b")), P(), out_spec=P("b"))
+    assert p.scatter_axes == ("b",) and p.psum_axes == ("a",) and p.out_spec == (("b",),)
+    # a batch of vectors takes x's axes, minus those W already uses
+    p = plan_for(P("a", None), P(("a", "b"), None), w_shape=(M, K), x_shape=(B, K))
+    assert p.in_specs[1] == (("b",), ()) and p.out_spec == (("b",), ("a",))
+
+
+def test_plan_never_splits_k_unevenly() -> None:
+    p = plan_for(P(None, "a"), P("a"), w_shape=(M, 54), x_shape=(54,))  # 54 % 4 != 0
+    assert p.in_specs == (((), ()), ((),)) and not p.reduces
+    p = plan_for(P(None, "a"), P("a"), out_spec=P("a"), w_shape=(202, K))  # 202 % 4 != 0
+    assert p.scatter_axes == () and p.psum_axes == ("a",)

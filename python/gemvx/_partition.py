@@ -118,11 +118,14 @@ def plan(operands: tuple[Roles, ...], result: Roles, shapes: tuple[tuple[int, ..
          axis_sizes: dict[str, int]) -> Plan:
     """The plan for operands with ``roles``, ``shapes`` and current shardings ``in_specs``
     (operand 0 is W), given the output sharding the partitioner suggests (None: no suggestion)."""
-    sizes: dict[str, int] = {}
-    for roles, shape in zip(operands, shapes):
+    sizes: dict[str, list[int]] = {}  # every operand dim playing the role (a quantised W's
+    for roles, shape in zip(operands, shapes):  # scales, say, may have fewer entries along K)
         for role, n in zip(roles, shape):
             if role is not None:
-                sizes[role] = int(n)
+                sizes.setdefault(role, []).append(int(n))
+
+    def divides(role: str, n: int) -> bool:
+        return all(d % n == 0 for d in sizes.get(role, ()))
 
     def extent(axes: tuple[str, ...]) -> int:
         return math.prod(axis_sizes[a] for a in axes)
@@ -132,7 +135,7 @@ def plan(operands: tuple[Roles, ...], result: Roles, shapes: tuple[tuple[int, ..
 
     def take(role: str, axes: tuple[str, ...]) -> None:
         axes = tuple(a for a in axes if a not in used and a in axis_sizes)
-        if role in REDUCTION and axes and sizes[role] % extent(axes) != 0:
+        if role in REDUCTION and not divides(role, extent(axes)):
             axes = ()
         assign[role] = axes
         used.update(axes)
@@ -155,7 +158,7 @@ def plan(operands: tuple[Roles, ...], result: Roles, shapes: tuple[tuple[int, ..
     if k_axes and out_spec is not None:
         m_dim = result.index("M")
         want = tuple(a for a in out_spec[m_dim] if a in k_axes)
-        if want and sizes["M"] % (extent(assign.get("M", ())) * extent(want)) == 0:
+        if want and divides("M", extent(assign.get("M", ())) * extent(want)):
             scatter = want
     psum = tuple(a for a in k_axes if a not in scatter)
 
