@@ -1,7 +1,9 @@
 """The JAX door: ``gemv_ffi``, an XLA FFI custom call with abstract eval, jit, vmap, grad, a CPU
-target and export.
+target, export, and partitioning rules for sharded operands.
 
 Structure (outermost first):
+  * ``jax.sharding.auto_axes``, only for operands typed on a mesh of Explicit axes: the result's
+    type gets the sharding the partitioning plan gives it.
   * ``jax.custom_vjp``: dx = alpha * op(W)^T g through the other layout of the same kernels (no
     transposed copy of W), dW = alpha * outer(g, x) by XLA, dy = beta * g. alpha and beta are
     static Python floats (not differentiated). Forward mode (jvp) is not supported: JAX does not
@@ -9,6 +11,9 @@ Structure (outermost first):
   * ``jax.custom_batching.custom_vmap``: a vmapped axis becomes one more leading batch dim of the
     same call, so vmap over x alone is one multi-vector call that reads W once, vmap over W and x
     is a batch of independent GEMVs, and nested vmap nests the rule. Never a loop of calls.
+  * ``jax.experimental.custom_partitioning`` (see ``_partitioned``): under jit on a mesh, each
+    device runs the call on its shards of W (never gathered), plus one all-reduce or
+    reduce-scatter where K is split (``_partition`` has the rules).
   * ``jax.ffi.ffi_call`` of target ``gemvx_gemv``, registered for "CUDA" (the kernels) and "cpu"
     (the C++ reference). The config is chosen at trace time from the shared table and passed as
     a static attribute, with the sizes and strides of the core Problem.
