@@ -25,6 +25,19 @@ sys.path.insert(0, str(Path(__file__).parent))
 # the CuPy tests of the same session (it must be set before JAX initialises a backend).
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
+# On GPUs, the sharded tests' all-reduces go through NCCL: keep its NVLink multicast (NVLS) off,
+# it can take shared GPUs out of service.
+os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+
+# test_jax_sharded.py partitions calls over up to 8 devices; on the CPU, XLA makes that many host
+# devices when asked before JAX starts its CPU backend (other backends are not affected, and
+# every other test uses one device). A count already in XLA_FLAGS is left as it is.
+HOST_DEVICES = 8
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = " ".join(
+        f for f in (os.environ.get("XLA_FLAGS", ""),
+                    f"--xla_force_host_platform_device_count={HOST_DEVICES}") if f)
+
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(

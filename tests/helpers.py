@@ -380,19 +380,39 @@ def custom_calls(eqns: list[Any], target: str) -> list[Any]:
             and e.params.get("target_name", e.params.get("call_target_name")) == target]
 
 
-def custom_call_attrs(text: str, target: str) -> list[dict[str, float]]:
-    """The attributes (``mhlo.backend_config = {name = value : type, ...}``) of every
-    ``stablehlo.custom_call @target`` in lowered StableHLO text, in order, as numbers."""
+def custom_call_attrs(text: str, target: str, compiled: bool = False) -> list[dict[str, float]]:
+    """The attributes of every custom call of ``target``, in order, as numbers: in lowered
+    StableHLO text (``stablehlo.custom_call @target``, ``mhlo.backend_config = {...}``), or with
+    ``compiled`` in compiled HLO text (``jax.jit(f).lower(...).compile().as_text()``:
+    ``custom_call_target="target"``, ``backend_config={...}``)."""
+    if compiled:
+        marker, attrs_re = f'custom_call_target="{target}"', r"backend_config=\{([^}]*)\}"
+    else:
+        marker, attrs_re = f"stablehlo.custom_call @{target}(", r"mhlo\.backend_config = \{([^}]*)\}"
     out = []
     for line in text.splitlines():
-        if f"stablehlo.custom_call @{target}(" not in line:
+        if marker not in line:
             continue
-        m = re.search(r"mhlo\.backend_config = \{([^}]*)\}", line)
-        assert m is not None, f"no mhlo.backend_config in: {line}"
-        attrs = {}
-        for name, value in re.findall(r"(\w+) = ([-+0-9.eE]+|nan|inf|-inf) : \w+", m.group(1)):
-            attrs[name] = float(value)
-        out.append(attrs)
+        m = re.search(attrs_re, line)
+        assert m is not None, f"no attributes ({attrs_re}) in: {line}"
+        out.append({name: float(value) for name, value in
+                    re.findall(r"(\w+) = ([-+0-9.eE]+|nan|inf|-inf) : \w+", m.group(1))})
+    return out
+
+
+COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
+
+
+def compiled_collectives(text: str) -> list[tuple[str, str, int]]:
+    """Every collective in compiled HLO text as (kind, element type, element count of its
+    result); an asynchronous pair (``all-reduce-start`` / ``-done``) counts once."""
+    out = []
+    kinds = "|".join(COLLECTIVES)
+    for m in re.finditer(rf"= ([^=\n]*?) ({kinds})(?:-start)?\(", text):
+        shape = re.search(r"(\w+)\[([\d,]*)\]", m.group(1))  # the first (of a tuple) result
+        assert shape is not None, f"no result shape in: {m.group(0)}"
+        dims = [int(d) for d in shape.group(2).split(",") if d]
+        out.append((m.group(2), shape.group(1), math.prod(dims)))
     return out
 
 

@@ -1,7 +1,9 @@
 """The JAX door: ``gemv_ffi``, an XLA FFI custom call with abstract eval, jit, vmap, grad, a CPU
-target and export.
+target, export, and partitioning rules for sharded operands.
 
 Structure (outermost first):
+  * ``jax.sharding.auto_axes``, only for operands typed on a mesh of Explicit axes: the result's
+    type gets the sharding the partitioning plan gives it.
   * ``jax.custom_vjp``: dx = alpha * op(W)^T g through the other layout of the same kernels (no
     transposed copy of W), dW = alpha * outer(g, x) by XLA, dy = beta * g. alpha and beta are
     static Python floats (not differentiated). Forward mode (jvp) is not supported: JAX does not
@@ -9,6 +11,9 @@ Structure (outermost first):
   * ``jax.custom_batching.custom_vmap``: a vmapped axis becomes one more leading batch dim of the
     same call, so vmap over x alone is one multi-vector call that reads W once, vmap over W and x
     is a batch of independent GEMVs, and nested vmap nests the rule. Never a loop of calls.
+  * ``jax.experimental.custom_partitioning`` (see ``_partitioned``): under jit on a mesh, each
+    device runs the call on its shards of W (never gathered), plus one all-reduce or
+    reduce-scatter where K is split (``_partition`` has the rules).
   * ``jax.ffi.ffi_call`` of target ``gemvx_gemv``, registered for "CUDA" (the kernels) and "cpu"
     (the C++ reference). The config is chosen at trace time from the shared table and passed as
     a static attribute, with the sizes and strides of the core Problem.
@@ -22,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _table
+from . import _partition, _table
 from ._core import _ext, device_properties, gpu_count
 from ._plan import c_strides, check_dtypes, check_scalar, make_problem, plan_shapes, x_strides_of
 
@@ -119,6 +124,100 @@ def _lowered_call(W: Any, x: Any, y: Any, alpha: float, beta: float, transpose: 
     return plan.from_work(out)
 
 
+def _named(mesh: Any, spec: tuple[tuple[str, ...], ...]) -> Any:
+    """A NamedSharding from a normalized spec (see ``_partition.normalize_spec``)."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    return NamedSharding(mesh, PartitionSpec(*(None if not a else a[0] if len(a) == 1 else a
+                                               for a in spec)))
+
+
+def _plan(roles: Any, out_roles: Any, mesh: Any, args: Any, result: Any) -> _partition.Plan:
+    """``_partition.plan`` for values that carry a NamedSharding (``.sharding``) and a shape;
+    ``result`` (or None) is the output sharding suggested by the partitioner."""
+    def spec(a: Any) -> tuple:
+        return _partition.normalize_spec(a.sharding.spec, len(a.shape))
+
+    return _partition.plan(roles, out_roles, tuple(tuple(a.shape) for a in args),
+                           tuple(spec(a) for a in args), None if result is None else spec(result),
+                           dict(mesh.shape))
+
+
+def _explicit_mesh(arrays: tuple[Any, ...]) -> Any:
+    """The mesh of the first operand typed with a sharding over Explicit mesh axes, or None."""
+    explicit = getattr(getattr(jax.sharding, "AxisType", None), "Explicit", None)
+    typeof = getattr(jax, "typeof", None)
+    if explicit is None or typeof is None:
+        return None
+    for a in arrays:
+        mesh = getattr(getattr(typeof(a), "sharding", None), "mesh", None)
+        if mesh is not None and explicit in tuple(getattr(mesh, "axis_types", ())):
+            return mesh
+    return None
+
+
+def _partly_manual() -> bool:
+    """Inside a shard_map that leaves some mesh axes to the partitioner: custom_partitioning
+    cannot see those shardings (they reach it undecoded), so the call runs unpartitioned there,
+    as any opaque custom call does (its operands gathered over the axes left automatic)."""
+    manual = getattr(getattr(jax.sharding, "AxisType", None), "Manual", None)
+    get_mesh = getattr(jax.sharding, "get_abstract_mesh", None)
+    if manual is None or get_mesh is None:
+        return False
+    kinds = tuple(getattr(get_mesh(), "axis_types", ()))
+    return manual in kinds and any(k != manual for k in kinds)
+
+
+@functools.lru_cache(maxsize=None)
+def _partitioned(alpha: float, beta: float, transpose: bool, config: Any,
+                 w_shape: tuple[int, ...], x_shape: tuple[int, ...], has_y: bool) -> Any:
+    """The custom call with its SPMD partitioning rules, for one set of shapes.
+
+    ``jax.experimental.custom_partitioning`` is how JAX lets an opaque custom call take part in
+    jit's SPMD partitioning (``shard_map`` would instead fix the shardings by hand at every call
+    site): Shardy, the default partitioner, propagates shardings through the einsum-like
+    ``sharding_rule``; GSPMD (still selectable with ``jax_use_shardy_partitioner=False``) through
+    ``infer_sharding_from_operands``; both then call ``partition``, which keeps W's shards where
+    they are and returns the per-device program: the same custom call on the local shards (its
+    config chosen from the table for the local shape) plus the collectives of the plan
+    (``_partition`` explains the choices). Without a mesh the call runs as is.
+    """
+    from jax.experimental.custom_partitioning import custom_partitioning
+
+    roles, out_roles = _partition.dense_roles(w_shape, x_shape, transpose, has_y)
+
+    def local(W, x, *y):
+        return _lowered_call(W, x, y[0] if has_y else None, alpha, beta, transpose, config)
+
+    def infer(mesh, arg_shapes, result_shape):
+        return _named(mesh, _plan(roles, out_roles, mesh, arg_shapes, None).out_spec)
+
+    def partition(mesh, arg_shapes, result_shape):
+        p = _plan(roles, out_roles, mesh, arg_shapes, result_shape)
+
+        def lower(W, x, *y):
+            if not p.reduces:
+                return local(W, x, *y)
+            # partial products of the local K range, summed in fp32; y (beta) added once, after
+            part = _lowered_call(W, x, None, alpha, 0.0, transpose, config).astype(jnp.float32)
+            if p.psum_axes:
+                part = jax.lax.psum(part, p.psum_axes)
+            if p.scatter_axes:
+                part = jax.lax.psum_scatter(part, p.scatter_axes, scatter_dimension=part.ndim - 1,
+                                            tiled=True)
+            if has_y and beta != 0.0:
+                part = part + beta * y[0].astype(jnp.float32)
+            return part.astype(W.dtype)
+
+        return mesh, lower, _named(mesh, p.out_spec), tuple(_named(mesh, s) for s in p.in_specs)
+
+    rule, kinds = _partition.sharding_rule(roles, out_roles)
+    f = custom_partitioning(local)
+    f.def_partition(partition=partition, infer_sharding_from_operands=infer, sharding_rule=rule,
+                    **kinds)
+    return f
+
+
 def _lift(a: Any, batched: bool, core_nd: int, rank: int, n: int) -> Any:
     """Put a vmapped axis (at 0) in front of ``n`` batch dims: unbatched arrays get a size-1
     axis, and batch ranks shorter than n are padded with size-1 dims after it."""
@@ -131,7 +230,10 @@ def _lift(a: Any, batched: bool, core_nd: int, rank: int, n: int) -> Any:
 def _core(alpha: float, beta: float, transpose: bool, config: Any, has_y: bool) -> Any:
     @custom_batching.custom_vmap
     def core(W, x, *y):
-        return _lowered_call(W, x, y[0] if has_y else None, alpha, beta, transpose, config)
+        if _partly_manual():
+            return _lowered_call(W, x, y[0] if has_y else None, alpha, beta, transpose, config)
+        f = _partitioned(alpha, beta, transpose, config, tuple(W.shape), tuple(x.shape), has_y)
+        return f(W, x, *y)
 
     @core.def_vmap
     def _rule(axis_size, in_batched, W, x, *y):
@@ -235,4 +337,13 @@ def gemv_ffi(W: Any, x: Any, y: Any = None, *, alpha: float = 1.0, beta: float =
     if plan.empty:
         return y if y is not None else jnp.zeros(plan.out_shape, W.dtype)
     f = _differentiable(alpha_f, beta_f, transpose, config, y is not None)
-    return f(W, x, y) if y is not None else f(W, x)
+    args = (W, x) if y is None else (W, x, y)
+    mesh = _explicit_mesh(args)
+    if mesh is not None:
+        # Explicit sharding: the result's type must carry its sharding, known at trace time. The
+        # call runs with the mesh axes turned Auto (so the partitioning rules apply as under
+        # plain jit) and its result is typed with the sharding the plan gives it.
+        roles, out_roles = _partition.dense_roles(W.shape, x.shape, transpose, y is not None)
+        p = _plan(roles, out_roles, mesh, tuple(jax.typeof(a) for a in args), None)
+        f = jax.sharding.auto_axes(f, out_sharding=_named(mesh, p.out_spec))
+    return f(*args)
