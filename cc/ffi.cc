@@ -153,4 +153,8 @@ XLA_FFI_DEFINE_HANDLER(kGemvCpu, GemvCpu, bind_common(ffi::Ffi::Bind()));
 void* ffi_handler_cuda() { return reinterpret_cast<void*>(kGemvCuda); }
 void* ffi_handler_cpu() { return reinterpret_cast<void*>(kGemvCpu); }
 
+#define GEMVX_STR2(x) #x
+#define GEMVX_STR(x) GEMVX_STR2(x)
+const char* ffi_api_version() { return GEMVX_STR(XLA_FFI_API_MAJOR) "." GEMVX_STR(XLA_FFI_API_MINOR); }
+
 }  // namespace gemvx

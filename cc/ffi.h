@@ -4,4 +4,7 @@
 namespace gemvx {
 void* ffi_handler_cuda();
 void* ffi_handler_cpu();
+// The XLA FFI API version ("major.minor") of the headers the handlers were compiled against:
+// the version they report to XLA, which accepts it only up to its own.
+const char* ffi_api_version();
 }  // namespace gemvx

@@ -166,6 +166,11 @@ NB_MODULE(_ext, m) {
   m.def("build_info", []() {
     nb::dict d;
     d["jaxlib"] = GEMVX_JAXLIB_VERSION;
+#ifdef GEMVX_WITH_JAX
+    d["xla_ffi_api"] = gemvx::ffi_api_version();
+#else
+    d["xla_ffi_api"] = "";
+#endif
     d["version"] = GEMVX_VERSION;
     d["cuda_runtime"] = CUDART_VERSION;
     d["cuda_architectures"] = GEMVX_CUDA_ARCHS;

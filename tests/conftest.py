@@ -73,6 +73,18 @@ def gpu_skip_reason(door: str = "cupy") -> str | None:
     return None
 
 
+def pytest_report_header(config: pytest.Config) -> str:
+    """Which gemvx is under test: where it was imported from and what it was built with."""
+    try:
+        import gemvx
+    except Exception as exc:  # noqa: BLE001 - reported here; the tests fail on the import
+        return f"gemvx: not importable ({type(exc).__name__}: {exc})"
+    info = gemvx.build_info()
+    return (f"gemvx {gemvx.__version__} from {Path(gemvx.__file__).parent} (CUDA architectures "
+            f"{info.get('cuda_architectures')}, JAX FFI headers of jaxlib {info.get('jaxlib') or 'none'}"
+            f", XLA FFI API {info.get('xla_ffi_api') or 'none'})")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         marker = item.get_closest_marker("gpu")

@@ -883,3 +883,29 @@ def test_build_without_jax_raises_import_error(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(jax_ops._ext, "build_info", lambda: info)
     with pytest.raises(ImportError, match="without JAX"):
         jax_ops._check_jaxlib()
+
+
+def test_build_info_names_the_ffi_api_version() -> None:
+    """The FFI API version the handlers report to XLA: "major.minor" of the headers they were
+    compiled with (release wheels: those of the oldest supported jaxlib)."""
+    api = gemvx.build_info()["xla_ffi_api"]
+    major, minor = (int(p) for p in api.split("."))
+    assert (major, minor) >= (0, 1), api
+
+
+def test_refused_registration_raises_import_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A jaxlib that no longer accepts the handlers' FFI API version: the import error names the
+    running jaxlib, the build's jaxlib and FFI API version, and keeps XLA's own message."""
+    import jaxlib
+
+    def refuse(name: str, fn: Any, platform: str = "cpu", **kwargs: Any) -> None:
+        raise RuntimeError("handler's API version is incompatible with the framework's")
+
+    monkeypatch.setattr(jax.ffi, "register_ffi_target", refuse)
+    monkeypatch.setattr(jaxlib, "__version__", "99.0.0")
+    info = gemvx.build_info()
+    with pytest.raises(ImportError) as exc:
+        jax_ops._register_targets()
+    msg = str(exc.value)
+    for part in ("99.0.0", info["jaxlib"], f"FFI API {info['xla_ffi_api']}", "incompatible"):
+        assert part in msg, (part, msg)

@@ -45,21 +45,44 @@ def _version_tuple(v: str) -> tuple[int, ...]:
 
 
 def _check_jaxlib() -> None:
-    """The FFI handlers were compiled against one jaxlib's headers; an older jaxlib at run time
-    may not understand them (FFI API versions only grow), and would fail inside XLA on the GPU."""
+    """The JAX door supports jax/jaxlib from the jaxlib whose FFI headers the handlers were compiled
+    against onwards (release wheels: the oldest supported jaxlib, pinned in pyproject.toml). A
+    jaxlib accepts handlers of its own XLA FFI API version or an older one, never a newer one, and
+    an older jaxlib may lack Python APIs the door uses; either would fail later, inside XLA."""
     import jaxlib
 
-    built = _ext.build_info().get("jaxlib", "")
+    info = _ext.build_info()
+    built = info.get("jaxlib", "")
     if not built:
         raise ImportError("gemvx was built without JAX (jax was not importable at build time); "
                           "reinstall gemvx with jax installed to use gemv_ffi")
     running = jaxlib.__version__
     if _version_tuple(running) < _version_tuple(built):
         raise ImportError(
-            f"gemvx: the JAX FFI handlers were built against jaxlib {built}, but jaxlib {running} is "
-            f"running; an older jaxlib may reject them. Upgrade jaxlib to >= {built} or rebuild gemvx "
-            f"against jaxlib {running}."
+            f"gemvx {info.get('version', '')}: the JAX door needs jax and jaxlib >= {built} (its FFI "
+            f"handlers were compiled against the headers of jaxlib {built}, XLA FFI API "
+            f"{info.get('xla_ffi_api', '?')}), but jaxlib {running} is installed. Upgrade jax and "
+            f"jaxlib to >= {built}, or rebuild gemvx against jaxlib {running} "
+            f"(pip install --no-build-isolation with that jax installed)."
         )
+
+
+def _register_targets() -> None:
+    """Registers the handlers with XLA, which checks their FFI API version against its own range
+    (old versions are kept for a year or more, not forever): a refusal names both versions."""
+    import jaxlib
+
+    for platform, capsule in _ext.ffi_handlers().items():
+        try:
+            jax.ffi.register_ffi_target(TARGET, capsule, platform=platform)
+        except Exception as exc:  # the error type differs between jaxlib versions
+            info = _ext.build_info()
+            raise ImportError(
+                f"gemvx: jaxlib {jaxlib.__version__} refused the {platform} FFI handler of gemvx, "
+                f"compiled against the headers of jaxlib {info.get('jaxlib', '?')} (XLA FFI API "
+                f"{info.get('xla_ffi_api', '?')}); rebuild gemvx against the installed jaxlib "
+                f"(pip install --no-build-isolation with that jax installed). XLA said: {exc}"
+            ) from exc
 
 
 _check_jaxlib()
@@ -68,8 +91,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 from jax import custom_batching  # noqa: E402
 
-for _platform, _capsule in _ext.ffi_handlers().items():
-    jax.ffi.register_ffi_target(TARGET, _capsule, platform=_platform)
+_register_targets()
 
 
 @functools.lru_cache(maxsize=None)
