@@ -16,7 +16,7 @@ from pathlib import Path
 
 ROW = re.compile(r"gemv_rowmajorI(\w+?)Li(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELb([01])ELb1E")
 TRN = re.compile(r"gemv_transposedI(\w+?)Li(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELb1E")
-MMA = re.compile(r"gemv_mmaI(\w+?)Li(\d+)ELi(\d+)ELi(\d+)E")
+MMA = re.compile(r"gemv_mma(_t)?I(\w+?)Li(\d+)ELi(\d+)ELi(\d+)E")
 
 
 def main() -> int:

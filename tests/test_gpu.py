@@ -291,7 +291,10 @@ def _split_shape(cfg: dict[str, Any]) -> tuple[int, int]:
     """(M, K) with K long enough that 7 splits are all used, whatever the dtype and alignment."""
     if cfg["layout"] == "N":  # K units are 16-byte chunks (8 elements at most); lanes * unroll each
         return 5, 7 * cfg["p1"] * cfg["unroll"] * 8 + 5
-    return 13, 7 * (cfg["threads"] // cfg["p1"]) * cfg["unroll"] + 5  # K units are rows of W
+    # K units are rows of W; a tensor-core warp along K takes 16-row groups (P2 tiles of 32 columns,
+    # so 2 x P2 x as many rows per step as the threads along K of a CUDA-core block).
+    slice_rows = 2 * cfg["p2"] if cfg["tensor_cores"] else 1
+    return 13, 7 * (cfg["threads"] // cfg["p1"]) * slice_rows * cfg["unroll"] + 5
 
 
 @pytest.mark.parametrize("cfg_id,dtype,splits,aligned,shape_kind", cases(
@@ -323,6 +326,34 @@ def test_every_config(cp: Any, rng: np.random.Generator, cfg_id: int, dtype: str
     config = cfg_id if splits == 1 else (cfg_id, splits)
     first = run_checked(cp, W_h, x_h, W_d=W_d, x_d=x_d, transpose=transpose, config=config)
     second = run_checked(cp, W_h, x_h, W_d=W_d, x_d=x_d, transpose=transpose, config=config)
+    assert first.tobytes() == second.tobytes(), "not bitwise repeatable"
+
+
+MMA_T = [c["id"] for c in CONFIGS if c["layout"] == "T" and c["tensor_cores"]]
+
+
+@pytest.mark.parametrize("cfg_id,dtype,x_kind,splits", cases(MMA_T, ("float16", "bfloat16"),
+                                                            ("padded", "c", "offset"), (1, 3)))
+def test_mma_transposed_paths(cp: Any, rng: np.random.Generator, cfg_id: int, dtype: str, x_kind: str,
+                              splits: int) -> None:
+    """Tensor-core layout T on the 16-byte body: blocks whose columns all lie inside M (plain
+    loads) next to one whose last chunk crosses M, with x rows 8-byte aligned (one load per 4
+    elements) or not (element loads): an odd K, or rows starting one element in."""
+    cfg = CONFIG_BY_ID[cfg_id]
+    M, K, B = 2 * cfg["p1"] * 8 + 13, 1031, 19
+    w_base_shape, w_view = matrix_view("padded", stored_shape(M, K, True))
+    x_base_shape, x_view = vector_view(x_kind, (B, K))
+    w_base, x_base = random_array(rng, w_base_shape, dtype), random_array(rng, x_base_shape, dtype)
+    W_h, x_h = w_view(w_base), x_view(x_base)
+    W_d, x_d = w_view(cp.asarray(w_base)), x_view(cp.asarray(x_base))
+    prep = prepared_for(cp, W_d, x_d, cp.empty((B, M), dtype=W_d.dtype), True)
+    assert prep.layout == "T" and vector_eligible(prep, W_d.itemsize)
+    x_ptr, x_vec = prep.ptrs[1], prep.problem.x_vec
+    assert (x_ptr % 8 == 0 and (x_vec * W_d.itemsize) % 8 == 0) == (x_kind == "padded")
+    assert _ext.effective_splits(prep.problem, cfg_id, splits) == splits
+    config = cfg_id if splits == 1 else (cfg_id, splits)
+    first = run_checked(cp, W_h, x_h, W_d=W_d, x_d=x_d, transpose=True, config=config)
+    second = run_checked(cp, W_h, x_h, W_d=W_d, x_d=x_d, transpose=True, config=config)
     assert first.tobytes() == second.tobytes(), "not bitwise repeatable"
 
 

@@ -15,6 +15,10 @@
 //              fp32 and unaligned operands run the RowMajor kernel with the same rows and lanes.
 //   Transposed (layout T, W stored (K, M) row-major): P1 = threads along M (each owns 16 bytes of
 //              consecutive outputs), P2 = 1; THREADS / P1 threads split K inside the block.
+//   TransposedMma: several vectors on tensor cores (fp16/bf16; kernels/gemv_mma_t.cuh). P1 =
+//              16-byte column chunks per block as in Transposed, P2 = 32-column tiles per warp
+//              (P1 / (4 P2) warps along M, the other warps split K), NV = 16.
+//              fp32 and unaligned operands run the Transposed kernel with the same columns.
 // UNROLL = independent 16-byte loads per thread in flight (per row); NV = vectors handled per
 // block (1 = plain GEMV; >1 = multi-vector: W is read once for up to NV vectors).
 // Every config is compiled for float32, float16 and bfloat16, with a 16-byte-vector body and a
@@ -67,4 +71,8 @@
   X(44, RowMajorMma, 512, 64, 1, 2, 16)       \
   X(45, RowMajorMma, 256, 32, 2, 4, 16)       \
   X(48, RowMajorMma, 256, 4, 1, 4, 16)        \
-  X(49, RowMajorMma, 128, 4, 2, 4, 16)
+  X(49, RowMajorMma, 128, 4, 2, 4, 16)        \
+  X(52, TransposedMma, 256, 16, 1, 4, 16)     \
+  X(53, TransposedMma, 256, 32, 2, 2, 16)     \
+  X(54, TransposedMma, 128, 8, 1, 4, 16)      \
+  X(55, TransposedMma, 256, 8, 2, 2, 16)

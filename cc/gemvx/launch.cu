@@ -10,6 +10,7 @@
 #include "configs.h"
 #include "kernels/finish.cuh"
 #include "kernels/gemv_mma.cuh"
+#include "kernels/gemv_mma_t.cuh"
 #include "kernels/gemv_rowmajor.cuh"
 #include "kernels/gemv_transposed.cuh"
 #include "launch.h"
@@ -93,27 +94,40 @@ using RowMajorPipelined = RowMajorFamily<1, THREADS, TPR, R, U, NV>;
 template <int THREADS, int TPR, int R, int U, int NV>
 using RowMajorMma = RowMajorFamily<2, THREADS, TPR, R, U, NV>;
 
-template <int THREADS, int CB, int P2, int U, int NV>
-struct Transposed {
-  static_assert(P2 == 1, "Transposed configs take P2 = 1");
+// MMA = false: CUDA cores, P2 = 1. MMA = true: tensor cores (gemv_mma_t) for 16-bit types on the
+// 16-byte body, P2 = 32-column tiles per warp; fp32 and the scalar variant run the CUDA-core kernel
+// with the same threads, columns per block and splits (so the grid is the same either way).
+template <bool MMA, int THREADS, int CB, int P2, int U, int NV>
+struct TransposedFamily {
+  static_assert(MMA || P2 == 1, "Transposed configs take P2 = 1");
+  static_assert(!MMA || (NV == 16 && CB % (4 * P2) == 0 && (THREADS / 32) % (CB / (4 * P2)) == 0),
+                "tensor-core configs: P1 = 4 x P2 x warps along M, whole warps along K, 16 vectors");
   static constexpr bool kTrans = true;
   static constexpr bool kPipelined = false;
-  static constexpr bool kTensorCores = false;
+  static constexpr bool kTensorCores = MMA;
   static constexpr int kThreads = THREADS, kNV = NV;
-  static constexpr int kSlices = THREADS / CB;
-  // K is cut into rows of W.
+  // K is cut into rows of W; a split holds whole steps of every K slice (CUDA cores: THREADS / CB
+  // threads; tensor cores: 16-row groups of each warp along K).
+  static constexpr int kStep = MMA ? 16 * (THREADS / 32) / (CB / (4 * P2)) : THREADS / CB;
   static int64_t k_units(const Problem& p, int) { return p.K; }
-  static int64_t min_units_per_split() { return int64_t(kSlices) * U; }
-  static int64_t round_span(int64_t s) { return (s + kSlices - 1) / kSlices * kSlices; }
+  static int64_t min_units_per_split() { return int64_t(kStep) * U; }
+  static int64_t round_span(int64_t s) { return (s + kStep - 1) / kStep * kStep; }
   static int64_t grid_x(const Problem& p, int vw) {
     const int64_t chunks = (p.M + vw - 1) / vw;
     return (chunks + CB - 1) / CB;
   }
   template <typename T, bool VEC>
   static void launch(dim3 grid, cudaStream_t s, const Args& a) {
-    launch_kernel(kernels::gemv_transposed<T, THREADS, CB, U, NV, VEC>, grid, THREADS, s, a);
+    if constexpr (MMA && VEC && sizeof(T) == 2)
+      launch_kernel(kernels::gemv_mma_t<T, THREADS, CB, P2, U>, grid, THREADS, s, a);
+    else
+      launch_kernel(kernels::gemv_transposed<T, THREADS, CB, U, NV, VEC>, grid, THREADS, s, a);
   }
 };
+template <int THREADS, int CB, int P2, int U, int NV>
+using Transposed = TransposedFamily<false, THREADS, CB, P2, U, NV>;
+template <int THREADS, int CB, int P2, int U, int NV>
+using TransposedMma = TransposedFamily<true, THREADS, CB, P2, U, NV>;
 
 #define GEMVX_INFO(id, fam, th, p1, p2, u, nv) \
   ConfigInfo{id, fam<th, p1, p2, u, nv>::kTrans, fam<th, p1, p2, u, nv>::kPipelined, \

@@ -189,7 +189,9 @@ def fallback_rules(layout: str, dtype: str, batch: int, M: int, K: int, sm_count
     types (config 48, 64 rows per block sharing x, once M >= 8192; else 45), CUDA cores for
     float32. Transposed (T): 32
     threads span 16 bytes of columns each and the other threads of the block split K: 8 threads
-    across M (32-way K split inside the block) while M is narrow, 32 once it is wide.
+    across M (32-way K split inside the block) while M is narrow, 32 once it is wide; batches of
+    16-bit vectors take the tensor-core configs (52: 128 columns per block once M has 1024
+    16-byte chunks, else 54: 64 columns), float32 batches the CUDA-core multi-vector ones.
     Either way, when the blocks cannot fill the GPU with resident threads, K is split (fixed-
     order second pass) as far as every split keeps one full unrolled step per lane.
     """
@@ -223,11 +225,18 @@ def fallback_rules(layout: str, dtype: str, batch: int, M: int, K: int, sm_count
         unit_per_split = c["p1"] * c["unroll"]
     else:
         m_chunks = math.ceil(M / vw)
-        cid = 26 if batch > 4 else 25 if batch > 1 else 28 if m_chunks < 1024 else 22
+        if batch > 1 and dtype != "float32":
+            # Tensor cores: 128 columns per block, 2 warps along K; 64 columns while M is narrow.
+            cid = 52 if m_chunks >= 1024 else 54
+        else:
+            cid = 26 if batch > 4 else 25 if batch > 1 else 28 if m_chunks < 1024 else 22
         c = cfgs[cid]
         blocks = math.ceil(math.ceil(M / vw) / c["p1"]) * math.ceil(batch / c["max_vectors"])
         k_units = K
-        unit_per_split = (c["threads"] // c["p1"]) * c["unroll"]
+        # A split holds whole steps of every K slice: threads along K (CUDA cores), or 16-row
+        # groups of each warp along K (tensor cores: 2 x P2 x as many rows).
+        slice_rows = 2 * c["p2"] if c["tensor_cores"] else 1
+        unit_per_split = (c["threads"] // c["p1"]) * slice_rows * c["unroll"]
     want = sm_count * _RESIDENT_THREADS // c["threads"]
     splits = 1
     if blocks < want:
