@@ -4,4 +4,6 @@
 namespace gemvx {
 void* ffi_handler_cuda();
 void* ffi_handler_cpu();
+void* ffi_quant_handler_cuda();  // target gemvx_gemv_quant (weight-only quantised W)
+void* ffi_quant_handler_cpu();
 }  // namespace gemvx

@@ -90,7 +90,7 @@ def main() -> None:
     l2 = props["l2CacheSize"]
     print(f"device {props['name'].decode()} l2 {l2 >> 20} MiB sms {props['multiProcessorCount']}")
     dtypes = {"float16": cp.float16, "float32": cp.float32, "bfloat16": np.dtype("bfloat16")}
-    cfgs = [c for c in gemvx.configs() if c["layout"] == args.layout]
+    cfgs = [c for c in gemvx.configs() if c["layout"] == args.layout and not c["quant"]]
     if args.nvec == 1:
         cfgs = [c for c in cfgs if c["max_vectors"] == 1]
     splits_list = [int(s) for s in args.splits.split(",")]

@@ -41,7 +41,7 @@ from helpers import (
 pytestmark = pytest.mark.gpu
 
 BOOLS = (False, True)
-CONFIGS = gemvx.configs()
+CONFIGS = [c for c in gemvx.configs() if not c["quant"]]  # dense configs (test_quant*.py: Quant)
 CONFIG_BY_ID = {c["id"]: c for c in CONFIGS}
 # The first plain (one-vector) config of each layout: used where any config will do.
 PLAIN = {layout: next(c["id"] for c in CONFIGS if c["layout"] == layout and c["max_vectors"] == 1)

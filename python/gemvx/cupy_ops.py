@@ -15,7 +15,8 @@ import numpy as np
 
 from . import _table
 from ._core import _ext, device_properties, raise_for_status
-from ._plan import check_call, kernel_layout, prepare
+from ._plan import check_call, check_quant_call, kernel_layout, prepare, prepare_quant
+from .quant import QuantizedWeight
 
 _KDL_CUDA = (2, 13)  # DLPack device types: CUDA, CUDA managed
 _cp: Any = None
@@ -79,10 +80,12 @@ def cupy_gemv(W: Any, x: Any, out: Any = None, *, alpha: float = 1.0, beta: floa
 
     Parameters
     ----------
-    W : array (..., M, K), or (..., K, M) with ``transpose=True``
+    W : array (..., M, K), or (..., K, M) with ``transpose=True``; or a gemvx.QuantizedWeight
         float32, float16 or bfloat16. C-contiguous (or row-strided) W runs as stored; an
         F-contiguous W (or a ``.T`` view) runs through the other layout with no copy; other
-        strides are copied once to C order.
+        strides are copied once to C order. A QuantizedWeight (int8 or int4, CuPy arrays, see
+        :func:`gemvx.quantize`) runs the quantised kernels: x must then be float16 or bfloat16,
+        the result has x's dtype, and ``transpose`` must be False.
     x : array (..., K), same dtype as W
         Leading dims broadcast against W's batch dims (like ``numpy.matvec``). A batch of vectors
         against one W is served by the multi-vector kernels (W read once per 16 vectors).
@@ -130,6 +133,8 @@ def cupy_gemv(W: Any, x: Any, out: Any = None, *, alpha: float = 1.0, beta: floa
 
 def _cupy_gemv_checked(cp: Any, W: Any, x: Any, out: Any, alpha: Any, beta: Any, transpose: Any,
                        config: Any, key: tuple | None) -> Any:
+    if isinstance(W, QuantizedWeight):
+        return _cupy_gemv_quant(cp, W, x, out, alpha, beta, transpose, config)
     W = _as_device_array(cp, W, "W")
     x = _as_device_array(cp, x, "x")
     if out is not None and not isinstance(out, cp.ndarray):
@@ -159,4 +164,45 @@ def _cupy_gemv_checked(cp: Any, W: Any, x: Any, out: Any, alpha: Any, beta: Any,
             if len(_CACHE) >= _CACHE_MAX:
                 _CACHE.clear()
             _CACHE[key] = c
+        return prep.finish()
+
+
+def _select(dev: int, dtype_key: str, layout: str, plan: Any) -> tuple[int, int]:
+    props = device_properties(dev)
+    return _table.select(f"sm_{props['major']}{props['minor']}", props["name"], props["sm_count"],
+                         dtype_key, layout, plan.nvec, plan.M, plan.K)
+
+
+def _cupy_gemv_quant(cp: Any, Wq: QuantizedWeight, x: Any, out: Any, alpha: Any, beta: Any,
+                     transpose: Any, config: Any) -> Any:
+    """cupy_gemv with a weight-only quantised W (gemvx.QuantizedWeight of CUDA arrays)."""
+    Wq = Wq.map(lambda a: a)  # a shallow copy: its arrays are replaced by CuPy views below
+    for field in ("packed", "scales", "zeros"):
+        if getattr(Wq, field) is not None:
+            setattr(Wq, field, _as_device_array(cp, getattr(Wq, field), f"W.{field}"))
+    x = _as_device_array(cp, x, "x")
+    if out is not None and not isinstance(out, cp.ndarray):
+        raise ValueError(f"gemvx: out must be a cupy.ndarray; got {type(out).__name__}")
+    spec, dtype, plan, alpha_f, beta_f = check_quant_call(Wq, x, out, alpha, beta, transpose)
+    dev = Wq.packed.device.id
+    for name, a in (("W.scales", Wq.scales), ("W.zeros", Wq.zeros), ("x", x), ("out", out)):
+        if a is not None and a.device.id != dev:
+            raise ValueError(f"gemvx: {name} is on device {a.device.id} but W.packed is on device {dev}")
+    if config is not None:
+        config = _table.resolve_config(config, "N", quant=True)
+    with cp.cuda.Device(dev):
+        if plan.empty:
+            return out if out is not None else cp.empty(plan.out_shape, dtype=x.dtype)
+        qp = prepare_quant(cp, Wq, spec, x, out, beta_f, plan, dtype)
+        prep = qp.prep
+        cid, splits = config if config is not None else _select(dev, spec.table_key(dtype), "N", plan)
+        ws_bytes = _ext.workspace_bytes(prep.problem, cid, splits)
+        ws = cp.empty(ws_bytes, dtype=cp.uint8) if ws_bytes else None
+        W_ptr, x_ptr, y_ptr, y_in_ptr = prep.ptrs
+        status = _ext.launch_quant(prep.problem, W_ptr, qp.scale_ptr, qp.zero_ptr, x_ptr, y_ptr,
+                                   y_in_ptr, alpha_f, beta_f, cid, splits,
+                                   ws.data.ptr if ws is not None else 0, ws_bytes,
+                                   cp.cuda.get_current_stream().ptr)
+        if status[0]:
+            raise_for_status(status, "cupy_gemv")
         return prep.finish()
