@@ -315,8 +315,10 @@ def quantize(W: Any, bits: int = 8, group_size: int | None = None, symmetric: bo
     Returns
     -------
     QuantizedWeight whose arrays are of W's kind (NumPy, CuPy or JAX). Error bound: every
-    element satisfies ``|W - dequantize(q)| <= s / 2`` with s the stored scale of its group (up to
-    float32 rounding of W / s): scales are stored rounded up, so no value is clamped.
+    element satisfies ``|W - dequantize(q)| <= s / 2 + 2^-22 |W|`` with s the stored scale of its
+    group: round to nearest gives s / 2; scales are stored rounded up to their dtype, so no value
+    is clamped; the second term covers W / s being formed in float32 (a quotient within 2^-24 of
+    a half-way point may round either way).
     """
     xp = array_module(W)
     if not _is_int(bits) or int(bits) not in BITS:
