@@ -425,6 +425,16 @@ def test_from_gptq(g: int, rng: np.random.Generator) -> None:
     assert_gemv_close(gemvx.gemv_reference(q, x), W.T, x)
 
 
+def test_readme_gptq_snippet(rng: np.random.Generator) -> None:
+    """The NumPy repack shown in README.md gives what from_gptq gives."""
+    text = (Path(__file__).parents[1] / "README.md").read_text()
+    block = text.split("The same repack in NumPy, for a GPTQ layer:")[1].split("```python")[1].split("```")[0]
+    qweight, qzeros, scales, W = _gptq_layer(rng, 256, 24, 64)
+    ns = {"np": np, "gemvx": gemvx, "qweight": qweight, "qzeros": qzeros, "scales": scales, "g": 64}
+    exec(block, ns)
+    np.testing.assert_array_equal(dequantize64(ns["q"]), W.T)
+
+
 def test_from_gptq_v2_zero_offset_and_jax(rng: np.random.Generator) -> None:
     jnp = pytest.importorskip("jax.numpy")
     K, N, g = 128, 16, 64

@@ -259,6 +259,37 @@ def test_bad_arguments_launch_nothing(cp: Any, rng: np.random.Generator) -> None
     assert np.isnan(cp.asnumpy(out).astype(np.float32)).all()
 
 
+@GPU
+@pytest.mark.parametrize("fmt", [(8, None, False), (4, 64, True)], ids=qid)
+def test_cached_plan_reuse(cp: Any, rng: np.random.Generator, fmt: tuple[int, Any, bool]) -> None:
+    """Repeated calls with one key take the cached plan: each still uses its own data, scales,
+    alpha / beta, out or not, split-K workspace and pointer alignment (the packed base one byte
+    off on odd calls: same shapes and strides, the byte-load variant)."""
+    from gemvx import cupy_ops
+
+    M, K = 130, 1024
+    for call in range(4):
+        q = random_quantized(rng, (M, K), fmt, "bfloat16")
+        flat = cp.zeros(q.packed.size + 1, q.packed.dtype)
+        off = call % 2
+        flat[off:off + q.packed.size] = cp.asarray(q.packed).ravel()
+        q_d = gemvx.QuantizedWeight(flat[off:off + q.packed.size].reshape(q.packed.shape),
+                                    cp.asarray(q.scales), None if q.zeros is None else cp.asarray(q.zeros),
+                                    bits=q.bits, group_size=q.group_size, K=K)
+        x = random_array(rng, (K,), "float16")
+        alpha, beta = (1.0, 0.0) if call < 2 else (0.5 + call, -1.5)
+        y_in = random_array(rng, (M,), "float16") if beta else None
+        before = len(cupy_ops._CACHE)
+        run_checked(cp, q, x, q_d=q_d, alpha=alpha, beta=beta, y_in=y_in)
+        if call > 0 and beta == 0.0:
+            assert len(cupy_ops._CACHE) == before, "the same key made a new plan"
+        y = gemvx.cupy_gemv(q_d, cp.asarray(x))  # same key without out
+        assert_gemv_close(cp.asnumpy(y), dequantize64(q), x)
+        y = gemvx.cupy_gemv(q_d, cp.asarray(x), config=(QUANT_CONFIGS[0]["id"], 3))
+        assert_gemv_close(cp.asnumpy(y), dequantize64(q), x)
+    assert any(k[0] == "quant" for k in cupy_ops._CACHE if isinstance(k, tuple) and k)
+
+
 # ---- the JAX door on the GPU ----------------------------------------------------------------------
 
 @JAX_GPU

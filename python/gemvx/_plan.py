@@ -359,24 +359,27 @@ def set_quant_fields(p: Any, spec: Any, s: tuple[int, int], z: tuple[int, int]) 
     return p
 
 
-def _row_major(xp: Any, a: Any) -> tuple[Any, tuple[int, int]]:
-    """A (..., rows, cols) array whose rows have unit-stride columns, and (row stride, matrix
-    stride) in elements; copied to C order when it is not laid out that way."""
+def _row_major(xp: Any, a: Any) -> tuple[Any, tuple[int, int], bool]:
+    """A (..., rows, cols) array whose rows have unit-stride columns, (row stride, matrix stride)
+    in elements, and whether it had to be copied to C order to get there."""
     lay = w_strides(a, False)
-    if lay is None or lay[0]:
-        a = xp.ascontiguousarray(a)
-        lay = w_strides(a, False)
-    return a, (lay[1], lay[2])
+    if lay is not None and not lay[0]:
+        return a, (lay[1], lay[2]), False
+    a = xp.ascontiguousarray(a)
+    lay = w_strides(a, False)
+    return a, (lay[1], lay[2]), True
 
 
 @dataclass
 class PreparedQuant:
-    """A Prepared quantised call: the dense part (packed W, x, y) plus scale / zero pointers."""
+    """A Prepared quantised call: the dense part (packed W, x, y) plus scale / zero pointers.
+    ``direct``: nothing was copied or reordered (the plan serves later calls of the same layout)."""
 
     prep: Prepared
     scale_ptr: int
     zero_ptr: int
     keep: tuple
+    direct: bool
 
 
 def prepare_quant(xp: Any, Wq: Any, spec: Any, x: Any, out: Any, beta: float, plan: ShapePlan,
@@ -384,13 +387,14 @@ def prepare_quant(xp: Any, Wq: Any, spec: Any, x: Any, out: Any, beta: float, pl
     """:func:`prepare` for a QuantizedWeight of NumPy or CuPy arrays: the packed matrix, the
     scales and zero points run as stored when each has unit-stride rows and batch dims that
     collapse to one stride, else they are copied to C order."""
-    packed, _ = _row_major(xp, Wq.packed)
+    packed, _, copied = _row_major(xp, Wq.packed)
     per_channel = spec.group_size is None
-    scales, s = _row_major(xp, Wq.scales[..., None] if per_channel else Wq.scales)
-    zeros, z = None, (0, 0)
+    scales, s, s_copied = _row_major(xp, Wq.scales[..., None] if per_channel else Wq.scales)
+    zeros, z, z_copied = None, (0, 0), False
     if Wq.zeros is not None:
-        zeros, z = _row_major(xp, Wq.zeros[..., None] if per_channel else Wq.zeros)
+        zeros, z, z_copied = _row_major(xp, Wq.zeros[..., None] if per_channel else Wq.zeros)
     prep = prepare(xp, packed, x, out, beta, False, plan, dtype)
     set_quant_fields(prep.problem, spec, s if plan.groups > 1 else (s[0], 0),
                      z if plan.groups > 1 else (z[0], 0))
-    return PreparedQuant(prep, _ptr(scales), _ptr(zeros), (scales, zeros))
+    direct = prep.direct and not (copied or s_copied or z_copied)
+    return PreparedQuant(prep, _ptr(scales), _ptr(zeros), (scales, zeros), direct)

@@ -28,6 +28,7 @@ class _Cached(NamedTuple):
     splits: int
     ws_bytes: int
     out_shape: tuple[int, ...]
+    quant: bool = False  # launched with the packed W, scale and zero-point pointers
 
 
 _CACHE: dict[tuple, _Cached] = {}
@@ -65,11 +66,13 @@ def _as_device_array(cp: Any, a: Any, name: str) -> Any:
     raise TypeError(f"gemvx: {name} must be a CUDA array (cupy.ndarray, __cuda_array_interface__ or DLPack); got {type(a).__name__}")
 
 
-def _launch(cp: Any, c: _Cached, W: Any, x: Any, y: Any, y_in: Any, alpha: float, beta: float) -> None:
+def _launch(cp: Any, c: _Cached, *operands: Any) -> None:
+    """Launch a plan; operands are (W, x, y, y_in, alpha, beta), or for a quantised plan
+    (packed W, scales, zeros, x, y, y_in, alpha, beta): pointers and scalars."""
     ws = cp.empty(c.ws_bytes, dtype=cp.uint8) if c.ws_bytes else None
-    status = _ext.launch(c.problem, W, x, y, y_in, alpha, beta, c.config, c.splits,
-                         ws.data.ptr if ws is not None else 0, c.ws_bytes,
-                         cp.cuda.get_current_stream().ptr)
+    launch = _ext.launch_quant if c.quant else _ext.launch
+    status = launch(c.problem, *operands, c.config, c.splits, ws.data.ptr if ws is not None else 0,
+                    c.ws_bytes, cp.cuda.get_current_stream().ptr)
     if status[0]:
         raise_for_status(status, "cupy_gemv")
 
@@ -173,9 +176,35 @@ def _select(dev: int, dtype_key: str, layout: str, plan: Any) -> tuple[int, int]
                          dtype_key, layout, plan.nvec, plan.M, plan.K)
 
 
+def _meta(a: Any) -> Any:
+    return None if a is None else (a.shape, a.strides, a.dtype)
+
+
 def _cupy_gemv_quant(cp: Any, Wq: QuantizedWeight, x: Any, out: Any, alpha: Any, beta: Any,
                      transpose: Any, config: Any) -> Any:
-    """cupy_gemv with a weight-only quantised W (gemvx.QuantizedWeight of CUDA arrays)."""
+    """cupy_gemv with a weight-only quantised W (gemvx.QuantizedWeight of CUDA arrays). As for a
+    dense W, a plan that needed no copy is cached: later calls with the same shapes, strides,
+    dtypes and format only read pointers and launch."""
+    nd, key = cp.ndarray, None
+    zeros = Wq.zeros
+    if type(Wq.packed) is nd and type(Wq.scales) is nd and (zeros is None or type(zeros) is nd) \
+            and type(x) is nd and (out is None or type(out) is nd) and type(alpha) in (float, int) \
+            and type(beta) in (float, int) and type(transpose) is bool:
+        dev = Wq.packed.data.device_id
+        key = ("quant", Wq.bits, Wq.group_size, Wq.K, _meta(Wq.packed), _meta(Wq.scales),
+               _meta(zeros), _meta(x), _meta(out), transpose, config, beta != 0, dev)
+        try:
+            c = _CACHE.get(key)
+        except TypeError:  # an unhashable field: the checked path reports it
+            c = key = None
+        if c is not None and cp.cuda.runtime.getDevice() == dev and all(
+                a.data.device_id == dev for a in (Wq.scales, zeros, x, out) if a is not None):
+            y = out if out is not None else cp.empty(c.out_shape, dtype=x.dtype)
+            yp = y.data.ptr
+            _launch(cp, c, Wq.packed.data.ptr, Wq.scales.data.ptr,
+                    0 if zeros is None else zeros.data.ptr, x.data.ptr, yp, yp if beta else 0,
+                    float(alpha), float(beta))
+            return y
     Wq = Wq.map(lambda a: a)  # a shallow copy: its arrays are replaced by CuPy views below
     for field in ("packed", "scales", "zeros"):
         if getattr(Wq, field) is not None:
@@ -196,13 +225,12 @@ def _cupy_gemv_quant(cp: Any, Wq: QuantizedWeight, x: Any, out: Any, alpha: Any,
         qp = prepare_quant(cp, Wq, spec, x, out, beta_f, plan, dtype)
         prep = qp.prep
         cid, splits = config if config is not None else _select(dev, spec.table_key(dtype), "N", plan)
-        ws_bytes = _ext.workspace_bytes(prep.problem, cid, splits)
-        ws = cp.empty(ws_bytes, dtype=cp.uint8) if ws_bytes else None
+        c = _Cached(prep.problem, cid, splits, _ext.workspace_bytes(prep.problem, cid, splits),
+                    plan.out_shape, quant=True)
         W_ptr, x_ptr, y_ptr, y_in_ptr = prep.ptrs
-        status = _ext.launch_quant(prep.problem, W_ptr, qp.scale_ptr, qp.zero_ptr, x_ptr, y_ptr,
-                                   y_in_ptr, alpha_f, beta_f, cid, splits,
-                                   ws.data.ptr if ws is not None else 0, ws_bytes,
-                                   cp.cuda.get_current_stream().ptr)
-        if status[0]:
-            raise_for_status(status, "cupy_gemv")
+        _launch(cp, c, W_ptr, qp.scale_ptr, qp.zero_ptr, x_ptr, y_ptr, y_in_ptr, alpha_f, beta_f)
+        if qp.direct and key is not None:
+            if len(_CACHE) >= _CACHE_MAX:
+                _CACHE.clear()
+            _CACHE[key] = c
         return prep.finish()
