@@ -285,3 +285,15 @@ def test_handler_rejects_inconsistent_attributes(rng: np.random.Generator) -> No
                  {"group_size": np.int64(48)}, {"ldw": np.int64(64)}):
         with pytest.raises((error, ValueError, RuntimeError), match="gemvx"):
             jax.block_until_ready(call(*args, **{**good, **over}))
+
+
+def test_export_round_trip(rng: np.random.Generator) -> None:
+    q = random_quantized(rng, (37, 300), (4, 64, True))
+    x = random_array(rng, (2, 300), "float16")
+    f = jax.jit(lambda q, x: gemvx.gemv_ffi(q, x, alpha=0.5))
+    exp = jax.export.export(f, platforms=("cpu", "cuda"), disabled_checks=[
+        jax.export.DisabledSafetyCheck.custom_call(TARGET)])(to_jax(q), jnp.asarray(x))
+    back = jax.export.deserialize(exp.serialize())
+    got = back.call(to_jax(q), jnp.asarray(x))
+    assert_gemv_close(np.asarray(got), dequantize64(q), x, alpha=0.5)
+

@@ -119,7 +119,12 @@ _JAX_REGISTERED = False
 
 
 def register_jax_pytree() -> None:
-    """Register QuantizedWeight as a JAX pytree (done automatically once JAX is imported)."""
+    """Register QuantizedWeight as a JAX pytree (and for jax.export serialization).
+
+    Done when this module is imported after JAX, when a QuantizedWeight is made while JAX is
+    imported, and when the JAX door is first used. A QuantizedWeight of NumPy arrays made before
+    JAX was imported and handed straight to a JAX transformation needs this call first (or
+    ``q.map(jax.numpy.asarray)``, which makes a new object)."""
     global _JAX_REGISTERED
     if _JAX_REGISTERED:
         return
@@ -135,6 +140,15 @@ def register_jax_pytree() -> None:
         return q
 
     jax.tree_util.register_pytree_node(QuantizedWeight, flatten, unflatten)
+    # jax.export can then serialize functions that take a QuantizedWeight (the static fields go
+    # into the artifact as JSON)
+    register = getattr(getattr(jax, "export", None), "register_pytree_node_serialization", None)
+    if register is not None:
+        import json
+
+        register(QuantizedWeight, serialized_name="gemvx.QuantizedWeight",
+                 serialize_auxdata=lambda aux: json.dumps(list(aux)).encode(),
+                 deserialize_auxdata=lambda data: tuple(json.loads(data)))
     _JAX_REGISTERED = True
 
 
