@@ -143,6 +143,151 @@ auto bind_common(B binding) {
       .template Attr<int32_t>("splits");    // split-K count
 }
 
+// ----- weight-only quantised W (target gemvx_gemv_quant) -------------------------------------
+
+// The attributes of a quantised call -> Problem, checked against the buffers.
+struct QuantAttrs {
+  int32_t bits, has_zeros;
+  int64_t group_size, M, K, groups, nvec, ldw, w_group, lds, s_group, ldz, z_group, x_vec, x_group;
+  float alpha, beta;
+};
+
+ffi::Error decode_quant(ffi::AnyBuffer W, ffi::AnyBuffer scales, ffi::AnyBuffer zeros,
+                        ffi::AnyBuffer x, ffi::AnyBuffer y_in, ffi::AnyBuffer y,
+                        const QuantAttrs& at, Problem* p) {
+  using ffi::Error;
+  DType dt;
+  if (!to_dtype(x.element_type(), &dt) || dt == DType::kFloat32)
+    return Error::InvalidArgument("gemvx: x must be float16 or bfloat16 with a quantised W");
+  if (y.element_type() != x.element_type() || (at.beta != 0.0f && y_in.element_type() != x.element_type()))
+    return Error::InvalidArgument("gemvx: y must have the dtype of x");
+  const ffi::DataType want_w = at.bits == 8 ? ffi::DataType::S8 : ffi::DataType::U8;
+  if ((at.bits != 4 && at.bits != 8) || W.element_type() != want_w)
+    return Error::InvalidArgument("gemvx: packed W must be int8 (bits 8) or uint8 (bits 4)");
+  if (!to_dtype(scales.element_type(), &p->scale_dtype))
+    return Error::InvalidArgument("gemvx: scales must be float32, float16 or bfloat16");
+  if (at.has_zeros && zeros.element_type() != ffi::DataType::U8)
+    return Error::InvalidArgument("gemvx: zero points must be uint8");
+  if (at.M < 0 || at.K < 0 || at.groups < 0 || at.nvec < 0)
+    return Error::InvalidArgument("gemvx: negative size attribute");
+  p->dtype = dt;
+  p->wbits = at.bits;
+  p->group_size = at.group_size;
+  p->M = at.M;
+  p->K = at.K;
+  p->groups = at.groups;
+  p->nvec = at.nvec;
+  p->ldw = at.ldw;
+  p->w_group = at.w_group;
+  p->lds = at.lds;
+  p->s_group = at.s_group;
+  p->ldz = at.ldz;
+  p->z_group = at.z_group;
+  p->x_vec = at.x_vec;
+  p->x_group = at.x_group;
+  p->y_vec = p->y_in_vec = at.M;
+  p->y_group = p->y_in_group = at.nvec * at.M;
+  p->alpha = at.alpha;
+  p->beta = at.beta;
+  p->W = W.untyped_data();
+  p->scales = scales.untyped_data();
+  p->zeros = at.has_zeros ? static_cast<const uint8_t*>(zeros.untyped_data()) : nullptr;
+  p->x = x.untyped_data();
+  p->y = y.untyped_data();
+  p->y_in = at.beta != 0.0f ? y_in.untyped_data() : nullptr;
+  const int64_t out = at.groups * at.nvec * at.M;
+  if (int64_t(y.element_count()) != out || (at.beta != 0.0f && int64_t(y_in.element_count()) != out))
+    return Error::InvalidArgument("gemvx: y (or y_in) does not have groups*nvec*M elements");
+  const int64_t ng = quant_groups(*p);
+  if (extent(at.groups, at.w_group, at.M, at.ldw, quant_row_bytes(*p)) > int64_t(W.element_count()))
+    return Error::InvalidArgument("gemvx: packed W is smaller than the sizes and strides address");
+  if (extent(at.groups, at.s_group, at.M, at.lds, ng) > int64_t(scales.element_count()))
+    return Error::InvalidArgument("gemvx: scales are smaller than the sizes and strides address");
+  if (at.has_zeros && extent(at.groups, at.z_group, at.M, at.ldz, ng) > int64_t(zeros.element_count()))
+    return Error::InvalidArgument("gemvx: zero points are smaller than the sizes and strides address");
+  if (extent(at.groups, at.x_group, at.nvec, at.x_vec, at.K) > int64_t(x.element_count()))
+    return Error::InvalidArgument("gemvx: x is smaller than the sizes and strides address");
+  const Status st = validate(*p);
+  if (!st.ok()) return Error::InvalidArgument(std::string("gemvx: ") + status_message(st.code));
+  return Error::Success();
+}
+
+// A failed launch or reference run as an FFI error.
+ffi::Error status_error(const Status& st) {
+  std::string msg = std::string("gemvx: ") + status_message(st.code);
+  if (st.code == Code::kCudaError) msg += std::string(": ") + cudaGetErrorString(cudaError_t(st.cuda_error));
+  return ffi::Error::Internal(msg);
+}
+
+// One handler body for both platforms: CUDA runs the launcher on XLA's stream, the CPU runs the
+// reference.
+template <bool kCuda>
+ffi::Error GemvQuant(cudaStream_t stream, ffi::AnyBuffer W, ffi::AnyBuffer scales,
+                     ffi::AnyBuffer zeros, ffi::AnyBuffer x, ffi::AnyBuffer y_in,
+                     ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> ws, QuantAttrs at,
+                     int32_t config, int32_t splits) {
+  Problem p;
+  ffi::Error err = decode_quant(W, scales, zeros, x, y_in, *y, at, &p);
+  if (err.failure()) return err;
+  Status st;
+  if constexpr (kCuda)
+    st = launch(p, config, splits, ws->untyped_data(), ws->size_bytes(), stream);
+  else
+    st = reference(p);
+  return st.ok() ? ffi::Error::Success() : status_error(st);
+}
+
+#define GEMVX_QUANT_PARAMS                                                                          \
+  ffi::AnyBuffer W, ffi::AnyBuffer scales, ffi::AnyBuffer zeros, ffi::AnyBuffer x,                  \
+      ffi::AnyBuffer y_in, ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> ws,           \
+      int32_t bits, int32_t has_zeros, int64_t group_size, int64_t M, int64_t K, int64_t groups,    \
+      int64_t nvec, int64_t ldw, int64_t w_group, int64_t lds, int64_t s_group, int64_t ldz,        \
+      int64_t z_group, int64_t x_vec, int64_t x_group, float alpha, float beta, int32_t config,     \
+      int32_t splits
+#define GEMVX_QUANT_ARGS                                                                            \
+  W, scales, zeros, x, y_in, y, ws,                                                                 \
+      QuantAttrs{bits, has_zeros, group_size, M, K, groups, nvec, ldw, w_group, lds, s_group, ldz,  \
+                 z_group, x_vec, x_group, alpha, beta},                                             \
+      config, splits
+
+ffi::Error GemvQuantCuda(cudaStream_t stream, GEMVX_QUANT_PARAMS) {
+  return GemvQuant<true>(stream, GEMVX_QUANT_ARGS);
+}
+ffi::Error GemvQuantCpu(GEMVX_QUANT_PARAMS) { return GemvQuant<false>(nullptr, GEMVX_QUANT_ARGS); }
+#undef GEMVX_QUANT_PARAMS
+#undef GEMVX_QUANT_ARGS
+
+template <typename B>
+auto bind_quant(B binding) {
+  return std::move(binding)
+      .template Arg<ffi::AnyBuffer>()        // packed W: int8 (groups, M, K) or uint8 (groups, M, ceil(K/2))
+      .template Arg<ffi::AnyBuffer>()        // scales: (groups, M, ceil(K/group_size)) float32/16, bfloat16
+      .template Arg<ffi::AnyBuffer>()        // zero points: uint8, the shape of the scales (unused without)
+      .template Arg<ffi::AnyBuffer>()        // x: (groups, nvec, K) as addressed by x_vec / x_group
+      .template Arg<ffi::AnyBuffer>()        // y_in: (groups, nvec, M); read only when beta != 0
+      .template Ret<ffi::AnyBuffer>()        // y: (groups, nvec, M), C-contiguous, x's dtype
+      .template Ret<ffi::AnyBuffer>()        // split-K workspace (bytes; unused on the CPU)
+      .template Attr<int32_t>("bits")        // 8 or 4
+      .template Attr<int32_t>("has_zeros")   // 1: asymmetric int4 (zero points given)
+      .template Attr<int64_t>("group_size")  // power of two >= 32, or 0 (per channel)
+      .template Attr<int64_t>("M")
+      .template Attr<int64_t>("K")
+      .template Attr<int64_t>("groups")
+      .template Attr<int64_t>("nvec")
+      .template Attr<int64_t>("ldw")         // packed row stride (bytes)
+      .template Attr<int64_t>("w_group")     // packed matrix stride (bytes, 0 = broadcast)
+      .template Attr<int64_t>("lds")         // scale row stride (elements)
+      .template Attr<int64_t>("s_group")
+      .template Attr<int64_t>("ldz")         // zero-point row stride (elements)
+      .template Attr<int64_t>("z_group")
+      .template Attr<int64_t>("x_vec")
+      .template Attr<int64_t>("x_group")
+      .template Attr<float>("alpha")
+      .template Attr<float>("beta")
+      .template Attr<int32_t>("config")
+      .template Attr<int32_t>("splits");
+}
+
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER(kGemvCuda, GemvCuda,
@@ -156,5 +301,13 @@ void* ffi_handler_cpu() { return reinterpret_cast<void*>(kGemvCpu); }
 #define GEMVX_STR2(x) #x
 #define GEMVX_STR(x) GEMVX_STR2(x)
 const char* ffi_api_version() { return GEMVX_STR(XLA_FFI_API_MAJOR) "." GEMVX_STR(XLA_FFI_API_MINOR); }
+
+XLA_FFI_DEFINE_HANDLER(kGemvQuantCuda, GemvQuantCuda,
+                       bind_quant(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>()),
+                       {ffi::Traits::kCmdBufferCompatible});
+XLA_FFI_DEFINE_HANDLER(kGemvQuantCpu, GemvQuantCpu, bind_quant(ffi::Ffi::Bind()));
+
+void* ffi_quant_handler_cuda() { return reinterpret_cast<void*>(kGemvQuantCuda); }
+void* ffi_quant_handler_cpu() { return reinterpret_cast<void*>(kGemvQuantCpu); }
 
 }  // namespace gemvx

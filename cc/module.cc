@@ -44,6 +44,15 @@ Problem with_operands(const Problem& plan, uintptr_t W, uintptr_t x, uintptr_t y
   return p;
 }
 
+// A quantised plan with its per-call pointers: the packed W, its scales and zero points (0: none).
+Problem with_quant_operands(const Problem& plan, uintptr_t W, uintptr_t scales, uintptr_t zeros,
+                            uintptr_t x, uintptr_t y, uintptr_t y_in, float alpha, float beta) {
+  Problem p = with_operands(plan, W, x, y, y_in, alpha, beta);
+  p.scales = reinterpret_cast<const void*>(scales);
+  p.zeros = reinterpret_cast<const uint8_t*>(zeros);
+  return p;
+}
+
 }  // namespace
 
 NB_MODULE(_ext, m) {
@@ -66,7 +75,16 @@ NB_MODULE(_ext, m) {
                  .def_rw("y_vec", &Problem::y_vec)
                  .def_rw("y_group", &Problem::y_group)
                  .def_rw("y_in_vec", &Problem::y_in_vec)
-                 .def_rw("y_in_group", &Problem::y_in_group);
+                 .def_rw("y_in_group", &Problem::y_in_group)
+                 .def_rw("wbits", &Problem::wbits)
+                 .def_rw("group_size", &Problem::group_size)
+                 .def_prop_rw(
+                     "scale_dtype", [](const Problem& p) { return int(p.scale_dtype); },
+                     [](Problem& p, int v) { p.scale_dtype = gemvx::DType(v); })
+                 .def_rw("lds", &Problem::lds)
+                 .def_rw("s_group", &Problem::s_group)
+                 .def_rw("ldz", &Problem::ldz)
+                 .def_rw("z_group", &Problem::z_group);
 
   // The Problem is an immutable plan (shapes, strides): each call supplies its own pointers and
   // scalars, so one cached plan serves concurrent callers.
@@ -91,6 +109,29 @@ NB_MODULE(_ext, m) {
       nb::arg("plan"), nb::arg("W"), nb::arg("x"), nb::arg("y"), nb::arg("y_in"),
       nb::arg("alpha"), nb::arg("beta"),
       "Run the CPU reference (host pointers). Returns (status code, 0).");
+  m.def(
+      "launch_quant",
+      [](const Problem& plan, uintptr_t W, uintptr_t scales, uintptr_t zeros, uintptr_t x,
+         uintptr_t y, uintptr_t y_in, float alpha, float beta, int config, int splits,
+         uintptr_t ws, size_t ws_bytes, uintptr_t stream) {
+        return to_tuple(gemvx::launch(
+            with_quant_operands(plan, W, scales, zeros, x, y, y_in, alpha, beta), config, splits,
+            reinterpret_cast<void*>(ws), ws_bytes, reinterpret_cast<void*>(stream)));
+      },
+      nb::arg("plan"), nb::arg("W"), nb::arg("scales"), nb::arg("zeros"), nb::arg("x"),
+      nb::arg("y"), nb::arg("y_in"), nb::arg("alpha"), nb::arg("beta"), nb::arg("config"),
+      nb::arg("splits"), nb::arg("workspace"), nb::arg("workspace_bytes"), nb::arg("stream"),
+      "Launch a quantised plan (packed W, scales, zero points or 0) on a CUDA stream.");
+  m.def(
+      "reference_quant",
+      [](const Problem& plan, uintptr_t W, uintptr_t scales, uintptr_t zeros, uintptr_t x,
+         uintptr_t y, uintptr_t y_in, float alpha, float beta) {
+        return to_tuple(gemvx::reference(
+            with_quant_operands(plan, W, scales, zeros, x, y, y_in, alpha, beta)));
+      },
+      nb::arg("plan"), nb::arg("W"), nb::arg("scales"), nb::arg("zeros"), nb::arg("x"),
+      nb::arg("y"), nb::arg("y_in"), nb::arg("alpha"), nb::arg("beta"),
+      "Run the CPU reference of a quantised plan (host pointers).");
   m.def("workspace_bytes", &gemvx::workspace_bytes, nb::arg("problem"), nb::arg("config"),
         nb::arg("splits"));
   m.def("effective_splits", &gemvx::effective_splits, nb::arg("problem"), nb::arg("config"),
@@ -116,6 +157,8 @@ NB_MODULE(_ext, m) {
       d["p2"] = list[i].p2;
       d["unroll"] = list[i].unroll;
       d["max_vectors"] = list[i].max_vectors;
+      d["quant"] = list[i].quant;
+      d["family"] = std::string(list[i].family);
       out.append(d);
     }
     return out;
@@ -159,6 +202,14 @@ NB_MODULE(_ext, m) {
 #ifdef GEMVX_WITH_JAX
     d["CUDA"] = nb::capsule(gemvx::ffi_handler_cuda());
     d["cpu"] = nb::capsule(gemvx::ffi_handler_cpu());
+#endif
+    return d;
+  });
+  m.def("ffi_quant_handlers", []() {
+    nb::dict d;
+#ifdef GEMVX_WITH_JAX
+    d["CUDA"] = nb::capsule(gemvx::ffi_quant_handler_cuda());
+    d["cpu"] = nb::capsule(gemvx::ffi_quant_handler_cpu());
 #endif
     return d;
   });

@@ -1,6 +1,7 @@
 """Check the compiled kernels' SASS: every 16-byte-vector GEMV kernel must stream W with 128-bit
-loads (LDG.E.NA.128) (tensor-core kernels: feeding HMMA.16816), and every software-pipelined kernel must issue all UNROLL x R loads of a
-step before its first FMA. For the other kernels ptxas decides the order; a small source change
+loads (LDG.E.NA.128) (tensor-core kernels: feeding HMMA.16816), and every software-pipelined
+kernel must issue all UNROLL x R loads of a step before its first FMA (quantised kernels: all
+loads of a step before the first HMMA). For the other kernels ptxas decides the order; a small source change
 once flipped it into interleaving loads with math (8-15% slower on large shapes, no other
 symptom), so their count is printed for comparison between builds. Runs with the GPU tests.
 
@@ -17,6 +18,23 @@ from pathlib import Path
 ROW = re.compile(r"gemv_rowmajorI(\w+?)Li(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELb([01])ELb1E")
 TRN = re.compile(r"gemv_transposedI(\w+?)Li(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELb1E")
 MMA = re.compile(r"gemv_mma(_t)?I(\w+?)Li(\d+)ELi(\d+)ELi(\d+)E")
+# gemv_quant<T, BITS, THREADS, P1, R, U, NV, VEC=true>
+QNT = re.compile(r"gemv_quantI(\w+?)Li(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELb1E")
+
+
+def check_quant(name: str, body: str) -> str | None:
+    """A quantised kernel must stream packed W with 128-bit loads, multiply on tensor cores
+    (HMMA), and issue a step's U x R x 2 (two rows per lane) W loads before its first HMMA."""
+    m = QNT.search(name)
+    ops = re.findall(r"\b(LDG\.E\.NA\.128\S*|HMMA\.\S+)", body)
+    if not any(o.startswith("LDG.E.NA.128") for o in ops) or not any(o.startswith("HMMA") for o in ops):
+        return f"NO 128-BIT STREAM LOADS OR NO HMMA: {name}"
+    first = next(i for i, o in enumerate(ops) if o.startswith("HMMA"))
+    want = int(m.group(6)) * int(m.group(5)) * 2
+    n = sum(o.startswith("LDG.E.NA.128") for o in ops[:first])
+    if n < want:
+        return f"quantised kernel issues only {n} of {want} W loads before the first HMMA: {name}"
+    return None
 
 
 def main() -> int:
@@ -38,6 +56,14 @@ def main() -> int:
             checked += 1
             if "LDG.E.NA.128" not in f or "HMMA.16816.F32" not in f:
                 print(f"tensor-core kernel without 128-bit stream loads or HMMA.16816: {name}")
+                bad += 1
+            continue
+        if QNT.search(name) and name not in seen:
+            seen.add(name)
+            checked += 1
+            problem = check_quant(name, f)
+            if problem:
+                print(problem)
                 bad += 1
             continue
         if not (m or t) or name in seen:

@@ -2,7 +2,8 @@
 # Build + GPU tests + compute-sanitizer + quick benchmark, in one run on the GPU machine.
 #   bash scripts/gpu_check.sh [OUT_DIR]      (default: $OUT, else ./gpu_check_out)
 # Builds for sm_90 only (GEMVX_CUDA_ARCHS overrides) with the machine's own python3 packages.
-# Writes build.log, gpu_tests.log, sass.log, memcheck.log, racecheck.log, bench.log, bench.json.
+# Writes build.log, gpu_tests.log, sass.log, memcheck.log, racecheck.log, bench.log, bench.json,
+# bench_quant.log, bench_quant.json.
 # GEMVX_SKIP_BENCH=1 skips the benchmark. Exit status is non-zero if any step failed.
 set -uo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
@@ -37,5 +38,7 @@ tail -3 "$OUTDIR/racecheck.log"
 if [ -z "${GEMVX_SKIP_BENCH:-}" ]; then
   step "quick benchmark"
   $PY "$REPO/benchmarks/bench.py" --quick --json "$OUTDIR/bench.json" 2>&1 | tee "$OUTDIR/bench.log" | tail -30 || fail=1
+  step "quick quantised benchmark"
+  $PY "$REPO/benchmarks/bench_quant.py" --quick --json "$OUTDIR/bench_quant.json" 2>&1 | tee "$OUTDIR/bench_quant.log" | tail -16 || fail=1
 fi
 exit $fail

@@ -1,5 +1,6 @@
 """Representative launches for compute-sanitizer (memcheck / racecheck): every compiled config
-in its aligned and unaligned variants, split-K, edge tails, K = 0, batches, broadcasting.
+in its aligned and unaligned variants, split-K, edge tails, K = 0, batches, broadcasting, and the
+quantised configs and formats (int8 / int4, group-wise and per-channel, with zero points).
 Each result is checked against a float64 product, so a run that "passes" the sanitizer but
 computes garbage still fails. Small sizes: the sanitizer slows kernels by orders of magnitude.
 """
@@ -22,26 +23,30 @@ def main() -> int:
     bad = 0
     count = 0
 
-    def check(W, x, transpose, config=None, out=None, alpha=1.0, beta=0.0):
+    def check(W, x, transpose=False, config=None, out=None, alpha=1.0, beta=0.0):
+        """One launch against float64 (W dense, or a QuantizedWeight: its exact dequantisation)."""
         nonlocal bad, count
         y0 = None if out is None else out.copy()
         y = gemvx.cupy_gemv(W, x, out, alpha=alpha, beta=beta, transpose=transpose, config=config)
-        Wd = W.astype(cp.float64)
+        if isinstance(W, gemvx.QuantizedWeight):
+            Wd = cp.asarray(gemvx.dequantize(W.map(cp.asnumpy), np.float64))
+        else:
+            Wd = W.astype(cp.float64)
         Wd = cp.swapaxes(Wd, -1, -2) if transpose else Wd
         ref = alpha * cp.matmul(Wd, x.astype(cp.float64)[..., None])[..., 0]
         if beta != 0.0:
             ref = ref + beta * y0.astype(cp.float64)
         err = float(cp.linalg.norm(y.astype(cp.float64) - ref) / max(float(cp.linalg.norm(ref)), 1e-30))
         count += 1
-        if not err < tol[np.dtype(W.dtype).name]:
+        if not err < tol[np.dtype(x.dtype).name]:
             bad += 1
-            print(f"WRONG {W.shape} {W.dtype} x{x.shape} T={transpose} config={config}: {err:.3e}")
+            print(f"WRONG {W} x{x.shape} {x.dtype} T={transpose} config={config}: {err:.3e}")
 
     def rand(shape, dt):
         return cp.asarray(rng.standard_normal(shape).astype(np.float32)).astype(dt)
 
     dtypes = (cp.float16, np.dtype("bfloat16"), cp.float32)
-    for n, c in enumerate(gemvx.configs()):
+    for n, c in enumerate(c for c in gemvx.configs() if not c["quant"]):
         tr = c["layout"] == "T"
         nv = min(c["max_vectors"], 3) if c["max_vectors"] > 1 else 1
         for dt in (dtypes[n % 3], dtypes[(n + 1) % 3]):  # every dtype meets every family
@@ -68,6 +73,45 @@ def main() -> int:
     if not bool(cp.all(y == 0)):
         bad += 1
         print("WRONG K=0")
+
+    # Weight-only quantised W: every Quant config (int4 with zero points and int8), 16-byte and
+    # unaligned loads, split-K, a partial last chunk, vectors past one n-tile; then every format
+    # with the default config. Checked against the exactly dequantised matrix in float64.
+    def rows_view(a, aligned):
+        """A device copy of host array ``a`` whose rows start on 16-byte boundaries (aligned:
+        the 16-byte-load variant), or one element off (the element-load variant)."""
+        if aligned:
+            width = -(-a.shape[-1] * a.itemsize // 16) * 16 // a.itemsize
+            base = cp.zeros(a.shape[:-1] + (width,), a.dtype)
+            base[..., : a.shape[-1]] = cp.asarray(a)
+            return base[..., : a.shape[-1]]
+        base = cp.zeros(a.size + 1, a.dtype)
+        base[1:] = cp.asarray(a).ravel()
+        return base[1:].reshape(a.shape)
+
+    def quantized(M, K, bits, g, asym, aligned=True):
+        W = rng.standard_normal((M, K)).astype(np.float32)
+        q = gemvx.quantize(W, bits=bits, group_size=g, symmetric=not asym, scale_dtype="float16")
+        return gemvx.QuantizedWeight(rows_view(q.packed, aligned), cp.asarray(q.scales),
+                                     None if q.zeros is None else cp.asarray(q.zeros),
+                                     bits=bits, group_size=g, K=K)
+
+    for n, c in enumerate(c for c in gemvx.configs() if c["quant"]):
+        xdt = (np.dtype("float16"), np.dtype("bfloat16"))[n % 2]
+        for bits in (4, 8):
+            per_chunk = 32 if bits == 4 else 16
+            K = 3 * c["p1"] * c["unroll"] * per_chunk + per_chunk + 5  # 3 full splits and a tail
+            for splits in (1, 3):
+                for aligned in (True, False):
+                    q = quantized(37, K, bits, 64, bits == 4, aligned)
+                    x_h = rng.standard_normal((c["max_vectors"] + 2, K)).astype(np.float32).astype(xdt)
+                    check(q, rows_view(x_h, aligned), config=(c["id"], splits))
+    for bits, g, asym in ((8, None, False), (8, 32, False), (4, None, False), (4, 128, False),
+                          (4, 32, True), (4, 256, True)):
+        for (M, K) in ((1, 1), (3, 33), (130, 127), (7, 4097)):
+            q = quantized(M, K, bits, g, asym)
+            check(q, rand((K,), cp.float16), out=rand((M,), cp.float16), alpha=0.5, beta=-2.0)
+            check(q, rand((5, K), np.dtype("bfloat16")))
     cp.cuda.Device().synchronize()
     print(f"sanitize cases: {count - bad} passed, {bad} failed")
     return 1 if bad else 0

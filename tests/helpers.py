@@ -142,10 +142,12 @@ def rel_err(got: np.ndarray, ref: np.ndarray, mag: np.ndarray | None = None, K: 
 def assert_gemv_close(got: Any, W: np.ndarray, x: np.ndarray, *, alpha: float = 1.0,
                       beta: float = 0.0, y_in: np.ndarray | None = None,
                       transpose: bool = False) -> None:
-    """Check a result (host array) against the float64 reference of the same host inputs."""
+    """Check a result (host array) against the float64 reference of the same host inputs.
+    W may be the float64 dequantised matrix of a quantised call: the result then has x's dtype."""
     got = np.asarray(got)
-    dtype = np.dtype(W.dtype).name
-    assert got.dtype == W.dtype, f"result dtype {got.dtype}, expected {W.dtype}"
+    out_dtype = x.dtype if np.dtype(W.dtype) == np.float64 else W.dtype
+    dtype = np.dtype(out_dtype).name
+    assert got.dtype == out_dtype, f"result dtype {got.dtype}, expected {out_dtype}"
     ref = ref_gemv(W, x, alpha, beta, y_in, transpose)
     assert got.shape == ref.shape, f"result shape {got.shape}, expected {ref.shape}"
     if got.size == 0:
@@ -418,3 +420,75 @@ def compiled_collectives(text: str) -> list[tuple[str, str, int]]:
 
 # (dtype, transpose, view kind, (M, K)) for the matrix-view tests of every door.
 MATRIX_VIEW_CASES = cases(DTYPES, (False, True), MATRIX_VIEWS, [(33, 1031), (1000, 37), (1, 9), (9, 1)])
+
+
+def capture(cp: Any, fn: Callable[[], Any]) -> tuple[Any, Any]:
+    """(stream, graph): ``fn()`` captured into a CUDA graph on a new non-blocking CuPy stream."""
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()
+        try:
+            fn()
+        finally:
+            graph = stream.end_capture()
+    return stream, graph
+
+
+# ---- weight-only quantised W ----------------------------------------------------------------------
+
+QUANT_FORMATS = [  # (bits, group_size, asymmetric)
+    (8, None, False), (8, 32, False), (8, 64, False), (8, 128, False), (8, 256, False),
+    (4, None, False), (4, 32, False), (4, 64, False), (4, 128, False), (4, 256, False),
+    (4, None, True), (4, 32, True), (4, 128, True), (4, 256, True),
+]
+QUANT_X_DTYPES = ("float16", "bfloat16")
+SCALE_DTYPES = ("float16", "bfloat16", "float32")
+
+
+def quant_id(fmt: tuple[int, Any, bool]) -> str:
+    bits, g, asym = fmt
+    return f"int{bits}{'c' if g is None else f'g{g}'}{'z' if asym else ''}"
+
+
+def random_quantized(rng: np.random.Generator, shape: tuple[int, ...], fmt: tuple[int, Any, bool],
+                     scale_dtype: str = "float16") -> Any:
+    """A QuantizedWeight of NumPy arrays with random codes over the whole range (int8 -128..127,
+    every nibble, random padding nibble for odd K), scales in [0.01, 0.1] and zero points 0..15."""
+    import gemvx
+
+    bits, g, asym = fmt
+    *batch, M, K = shape
+    batch = tuple(batch)
+    if bits == 8:
+        packed = rng.integers(-128, 128, batch + (M, K)).astype(np.int8)
+    else:
+        packed = rng.integers(0, 256, batch + (M, (K + 1) // 2)).astype(np.uint8)
+    sshape = batch + ((M,) if g is None else (M, math.ceil(K / g)))
+    scales = rng.uniform(0.01, 0.1, sshape).astype(np_dtype(scale_dtype))
+    zeros = rng.integers(0, 16, sshape).astype(np.uint8) if asym else None
+    return gemvx.QuantizedWeight(packed, scales, zeros, bits=bits, group_size=g, K=K)
+
+
+def dequantize64(q: Any) -> np.ndarray:
+    """float64 (..., M, K) of a QuantizedWeight of host arrays, written out from the documented
+    format (independent of gemvx.dequantize): (q - z) * s, int4 even k in the low nibble, zero
+    point 8 when symmetric, only the low 4 bits of a zero point counting."""
+    packed, K = np.asarray(q.packed), q.K
+    if q.bits == 8:
+        codes = packed.astype(np.int64)
+    else:
+        codes = np.empty(packed.shape[:-1] + (2 * packed.shape[-1],), np.int64)
+        codes[..., 0::2] = packed & 15
+        codes[..., 1::2] = packed >> 4
+        codes = codes[..., :K]
+    j = np.zeros(K, np.int64) if q.group_size is None else np.arange(K) // q.group_size
+    scales = np.asarray(q.scales).astype(np.float64)
+    s = scales[..., None] if q.group_size is None else scales[..., j]
+    if q.bits == 8:
+        z = 0
+    elif q.zeros is None:
+        z = 8
+    else:
+        zz = np.asarray(q.zeros).astype(np.int64) & 15
+        z = zz[..., None] if q.group_size is None else zz[..., j]
+    return (codes - z) * s

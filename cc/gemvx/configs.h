@@ -19,10 +19,17 @@
 //              16-byte column chunks per block as in Transposed, P2 = 32-column tiles per warp
 //              (P1 / (4 P2) warps along M, the other warps split K), NV = 16.
 //              fp32 and unaligned operands run the Transposed kernel with the same columns.
+//   Quant      (layout N, weight-only quantised W: int8, or int4 packed two per byte along K;
+//              tensor-core mma.m16n8k16 with fp32 accumulation): P1 = lanes that walk a row, four
+//              per warp (P1 / 4 warps split K for the same 16 rows), P2 = 16-row tiles per warp,
+//              UNROLL = 16-byte chunks of packed W per lane and row in flight, NV = 8 or 16
+//              vectors per pass over W (one mma n-tile per 8). Compiled for int4 and int8 W with
+//              float16 and bfloat16 x (scale dtype and zero points are run-time arguments). Quant
+//              ids start at 100 so the dense families can keep appending below them.
 // UNROLL = independent 16-byte loads per thread in flight (per row); NV = vectors handled per
 // block (1 = plain GEMV; >1 = multi-vector: W is read once for up to NV vectors).
-// Every config is compiled for float32, float16 and bfloat16, with a 16-byte-vector body and a
-// scalar variant for operands that are not 16-byte aligned.
+// Every config is compiled for float32, float16 and bfloat16 (Quant: see above), with a
+// 16-byte-vector body and a scalar variant for operands that are not 16-byte aligned.
 #pragma once
 
 //        id  family      THREADS  P1  P2  UNROLL  NV
@@ -75,4 +82,11 @@
   X(52, TransposedMma, 256, 16, 1, 4, 16)     \
   X(53, TransposedMma, 256, 32, 2, 2, 16)     \
   X(54, TransposedMma, 128, 8, 1, 4, 16)      \
-  X(55, TransposedMma, 256, 8, 2, 2, 16)
+  X(55, TransposedMma, 256, 8, 2, 2, 16)     \
+  X(100, Quant, 128, 4, 1, 2, 8)              \
+  X(101, Quant, 128, 4, 1, 4, 8)              \
+  X(102, Quant, 128, 4, 2, 2, 8)              \
+  X(103, Quant, 128, 16, 1, 2, 8)             \
+  X(104, Quant, 256, 32, 1, 2, 8)             \
+  X(105, Quant, 128, 4, 1, 2, 16)             \
+  X(106, Quant, 128, 16, 1, 2, 16)

@@ -6,11 +6,13 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 
 #include "configs.h"
 #include "kernels/finish.cuh"
 #include "kernels/gemv_mma.cuh"
 #include "kernels/gemv_mma_t.cuh"
+#include "kernels/gemv_quant.cuh"
 #include "kernels/gemv_rowmajor.cuh"
 #include "kernels/gemv_transposed.cuh"
 #include "launch.h"
@@ -47,8 +49,8 @@ bool pdl_enabled() {
 }
 
 // Every kernel goes through here. The launch error is read by the caller (cudaGetLastError).
-template <typename... P>
-void launch_kernel(void (*kernel)(P...), dim3 grid, int threads, cudaStream_t s, const Args& a) {
+template <typename A, typename... P>
+void launch_kernel(void (*kernel)(P...), dim3 grid, int threads, cudaStream_t s, const A& a) {
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
@@ -129,9 +131,37 @@ using Transposed = TransposedFamily<false, THREADS, CB, P2, U, NV>;
 template <int THREADS, int CB, int P2, int U, int NV>
 using TransposedMma = TransposedFamily<true, THREADS, CB, P2, U, NV>;
 
-#define GEMVX_INFO(id, fam, th, p1, p2, u, nv) \
-  ConfigInfo{id, fam<th, p1, p2, u, nv>::kTrans, fam<th, p1, p2, u, nv>::kPipelined, \
-             fam<th, p1, p2, u, nv>::kTensorCores, th, p1, p2, u, nv},
+// Layout N, weight-only quantised W (Problem::wbits 4 or 8), tensor-core mma with fp32
+// accumulation (kernels/gemv_quant.cuh). P1 = lanes that walk a row (4 per warp: P1 / 4 warps
+// split K for the same rows), R = 16-row m-tiles per warp, U = chunks per lane in flight, NV =
+// vectors per pass over W (8 per n-tile).
+template <int THREADS, int P1, int R, int U, int NV>
+struct Quant {
+  static constexpr bool kTrans = false;
+  static constexpr bool kPipelined = false;
+  static constexpr bool kTensorCores = true;
+  static constexpr int kThreads = THREADS, kNV = NV;
+  static constexpr int kRows = THREADS / 32 / (P1 / 4) * 16 * R;
+  // K is cut into 16-byte chunks of packed W (32 int4 or 16 int8 values), whatever the alignment.
+  static int64_t k_units(const Problem& p, int) { return p.K / (p.wbits == 4 ? 32 : 16); }
+  static int64_t min_units_per_split() { return int64_t(P1) * U; }
+  static int64_t round_span(int64_t s) { return (s + P1 - 1) / P1 * P1; }
+  static int64_t grid_x(const Problem& p, int) { return (p.M + kRows - 1) / kRows; }
+  template <typename T, int BITS, bool VEC>
+  static void launch(dim3 grid, cudaStream_t s, const kernels::QuantArgs& q) {
+    launch_kernel(kernels::gemv_quant<T, BITS, THREADS, P1, R, U, NV, VEC>, grid, THREADS, s, q);
+  }
+};
+
+template <typename Fam>
+struct IsQuant : std::false_type {};
+template <int THREADS, int P1, int R, int U, int NV>
+struct IsQuant<Quant<THREADS, P1, R, U, NV>> : std::true_type {};
+
+#define GEMVX_INFO(id, fam, th, p1, p2, u, nv)                                            \
+  ConfigInfo{id, fam<th, p1, p2, u, nv>::kTrans, fam<th, p1, p2, u, nv>::kPipelined,         \
+             fam<th, p1, p2, u, nv>::kTensorCores, th, p1, p2, u, nv,                         \
+             IsQuant<fam<th, p1, p2, u, nv>>::value, #fam},
 constexpr ConfigInfo kConfigs[] = {GEMVX_CONFIGS(GEMVX_INFO)};
 #undef GEMVX_INFO
 constexpr int kNumConfigs = int(sizeof(kConfigs) / sizeof(kConfigs[0]));
@@ -214,12 +244,12 @@ Status launch_finish(const Args& a, cudaStream_t s) {
   return from_cuda(cudaGetLastError());
 }
 
-template <typename Fam, typename T>
-Status run_typed(const Problem& p, int requested_splits, void* ws, std::size_t ws_size,
-                 cudaStream_t stream) {
-  const bool vec = vector_ok(p);
-  const int vw = vec_width<T>(vec);
-  Args a = make_args(p);
+// The part of a launch every family shares: the split plan, the workspace check, the grid (z
+// cut into launches of at most 65535 (group, vector-chunk) slices) and the split-K second pass.
+// `a` is the Args inside the kernel's argument block; launch_one(grid) launches the kernel.
+template <typename Fam, typename T, typename Launch>
+Status run_grid(const Problem& p, bool vec, int requested_splits, void* ws, std::size_t ws_size,
+                cudaStream_t stream, Args& a, Launch&& launch_one) {
   int splits;
   plan_splits<Fam>(p, vec, requested_splits, &a.split_span, &splits);
   a.splits = splits;
@@ -229,17 +259,13 @@ Status run_typed(const Problem& p, int requested_splits, void* ws, std::size_t w
     if (ws == nullptr || ws_size < need) return {Code::kWorkspaceTooSmall, 0};
   }
   a.vchunks = int32_t((p.nvec + Fam::kNV - 1) / Fam::kNV);
-  const int64_t gx = Fam::grid_x(p, vw);
+  const int64_t gx = Fam::grid_x(p, vec_width<T>(vec));
   if (gx > 0x7fffffff) return {Code::kUnsupported, 0};
   const int64_t total_z = p.groups * a.vchunks;
   cudaGetLastError();  // clear a stale, non-sticky error so it is not reported as ours
   for (int64_t z0 = 0; z0 < total_z; z0 += kMaxGridZ) {
     a.z_offset = z0;
-    const dim3 grid(unsigned(gx), unsigned(splits), unsigned(std::min(kMaxGridZ, total_z - z0)));
-    if (vec)
-      Fam::template launch<T, true>(grid, stream, a);
-    else
-      Fam::template launch<T, false>(grid, stream, a);
+    launch_one(dim3(unsigned(gx), unsigned(splits), unsigned(std::min(kMaxGridZ, total_z - z0))));
     Status st = from_cuda(cudaGetLastError());
     if (!st.ok()) return st;
   }
@@ -247,8 +273,65 @@ Status run_typed(const Problem& p, int requested_splits, void* ws, std::size_t w
   return {};
 }
 
+template <typename Fam, typename T>
+Status run_typed(const Problem& p, int requested_splits, void* ws, std::size_t ws_size,
+                 cudaStream_t stream) {
+  const bool vec = vector_ok(p);
+  Args a = make_args(p);
+  return run_grid<Fam, T>(p, vec, requested_splits, ws, ws_size, stream, a, [&](dim3 grid) {
+    if (vec)
+      Fam::template launch<T, true>(grid, stream, a);
+    else
+      Fam::template launch<T, false>(grid, stream, a);
+  });
+}
+
+// ----- quantised W --------------------------------------------------------------------------
+
+// 16-byte loads of packed W need every row (and matrix) to start on a 16-byte boundary; x as in
+// the dense row-major kernels. Scales and zero points are read element-wise.
+bool quant_vector_ok(const Problem& p) {
+  const std::size_t xs = dtype_size(p.dtype);
+  return aligned16(p.W) && stride16(p.ldw, p.M, 1) && stride16(p.w_group, p.groups, 1) &&
+         aligned16(p.x) && stride16(p.x_vec, p.nvec, xs) && stride16(p.x_group, p.groups, xs);
+}
+
+template <typename Fam, typename T, int BITS>
+Status run_quant_typed(const Problem& p, int requested_splits, void* ws, std::size_t ws_size,
+                       cudaStream_t stream) {
+  const bool vec = quant_vector_ok(p);
+  kernels::QuantArgs q{};
+  q.a = make_args(p);
+  q.scales = p.scales;
+  q.zeros = p.zeros;
+  q.lds = p.lds;
+  q.s_group = p.s_group;
+  q.ldz = p.ldz;
+  q.z_group = p.z_group;
+  int shift = 0;
+  while (p.group_size > 0 && (int64_t(1) << shift) < p.group_size) ++shift;
+  q.group_shift = p.group_size > 0 ? shift : 62;  // per channel: every k in group 0
+  q.scale_dtype = int32_t(p.scale_dtype);
+  return run_grid<Fam, T>(p, vec, requested_splits, ws, ws_size, stream, q.a, [&](dim3 grid) {
+    if (vec)
+      Fam::template launch<T, BITS, true>(grid, stream, q);
+    else
+      Fam::template launch<T, BITS, false>(grid, stream, q);
+  });
+}
+
 template <typename Fam>
-Status run(const Problem& p, int splits, void* ws, std::size_t ws_size, cudaStream_t stream) {
+Status run_quant(const Problem& p, int splits, void* ws, std::size_t ws_size, cudaStream_t stream) {
+  const bool f16 = p.dtype == DType::kFloat16;
+  if (p.wbits == 4)
+    return f16 ? run_quant_typed<Fam, __half, 4>(p, splits, ws, ws_size, stream)
+               : run_quant_typed<Fam, __nv_bfloat16, 4>(p, splits, ws, ws_size, stream);
+  return f16 ? run_quant_typed<Fam, __half, 8>(p, splits, ws, ws_size, stream)
+             : run_quant_typed<Fam, __nv_bfloat16, 8>(p, splits, ws, ws_size, stream);
+}
+
+template <typename Fam>
+Status run_dense(const Problem& p, int splits, void* ws, std::size_t ws_size, cudaStream_t stream) {
   if (Fam::kTrans != p.trans) return {Code::kInvalidConfig, 0};
   switch (p.dtype) {
     case DType::kFloat32:
@@ -259,6 +342,14 @@ Status run(const Problem& p, int splits, void* ws, std::size_t ws_size, cudaStre
       return run_typed<Fam, __nv_bfloat16>(p, splits, ws, ws_size, stream);
   }
   return {Code::kInvalidArgument, 0};
+}
+
+template <typename Fam>
+Status run(const Problem& p, int splits, void* ws, std::size_t ws_size, cudaStream_t stream) {
+  if constexpr (IsQuant<Fam>::value)
+    return run_quant<Fam>(p, splits, ws, ws_size, stream);
+  else
+    return run_dense<Fam>(p, splits, ws, ws_size, stream);
 }
 
 template <typename Fam>
@@ -307,7 +398,8 @@ Status launch(const Problem& p, int config, int splits, void* ws, std::size_t ws
   Status st = validate(p);
   if (!st.ok()) return st;
   const ConfigInfo* info = find_config(config);
-  if (info == nullptr || info->trans != p.trans) return {Code::kInvalidConfig, 0};
+  if (info == nullptr || info->trans != p.trans || info->quant != (p.wbits != 0))
+    return {Code::kInvalidConfig, 0};
   if (p.M == 0 || p.groups == 0 || p.nvec == 0) return {};  // empty result: nothing to launch
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
   if (p.K == 0) {

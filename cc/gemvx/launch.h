@@ -20,6 +20,8 @@ struct ConfigInfo {
   int p2;           // RowMajor: rows per thread; Transposed: 1
   int unroll;
   int max_vectors;  // NV
+  bool quant;       // Quant family: weight-only quantised W (Problem::wbits != 0) only
+  const char* family;  // family name in configs.h
 };
 
 // The compiled configs in list order; *count receives their number.

@@ -71,7 +71,33 @@ struct Problem {
 
   float alpha = 1.0f;
   float beta = 0.0f;
+
+  // Weight-only quantisation. wbits == 0: W is dense, of `dtype`. wbits == 8 or 4: W holds
+  // integer codes and `dtype` is the dtype of x and y (float16 or bfloat16); layout N only.
+  //   wbits 8: W is int8 (M, K), one signed code per byte.
+  //   wbits 4: W is uint8 (M, ceil(K / 2)), two codes per byte along K, even k in the low nibble.
+  // ldw and w_group count bytes. Element (m, k) is (q - z) * s with s the scale of its group
+  // (group_size consecutive k; 0 = one group per row) and z its zero point: zeros[...] & 15 when
+  // zeros is given (int4 only), else 8 for int4 (codes stored offset by 8) and 0 for int8.
+  int32_t wbits = 0;
+  int64_t group_size = 0;  // a power of two >= 32, or 0 (per channel)
+  DType scale_dtype = DType::kFloat32;
+  const void* scales = nullptr;  // (groups, M, ceil(K / group_size)) as addressed by lds / s_group
+  int64_t lds = 0;               // scale row stride (elements)
+  int64_t s_group = 0;           // scale matrix stride (elements, 0 = broadcast)
+  const uint8_t* zeros = nullptr;  // uint8 zero points, the shape of the scales; may be null
+  int64_t ldz = 0;
+  int64_t z_group = 0;
 };
+
+// Number of scale groups per row of a quantised problem (1 per channel); 0 when K == 0.
+inline int64_t quant_groups(const Problem& p) {
+  if (p.K == 0) return 0;
+  return p.group_size > 0 ? (p.K + p.group_size - 1) / p.group_size : 1;
+}
+
+// Bytes of one packed row of a quantised problem.
+inline int64_t quant_row_bytes(const Problem& p) { return p.wbits == 4 ? (p.K + 1) / 2 : p.K; }
 
 // Checks the fields every implementation relies on (sizes, strides, pointers).
 Status validate(const Problem& p);

@@ -78,25 +78,22 @@ struct BF16 {
   static uint16_t store(double v) { return float_to_bf16(float(v)); }
 };
 
-template <typename E>
-void run(const Problem& p) {
+// y = alpha * W x + beta * y_in for vectors of storage E; weight(g, m, k) is element (m, k) of
+// matrix g of op(W), in double.
+template <typename E, typename Weight>
+void run_with(const Problem& p, Weight weight) {
   using S = typename E::Storage;
-  const S* W = static_cast<const S*>(p.W);
   const S* X = static_cast<const S*>(p.x);
   const S* Yin = static_cast<const S*>(p.y_in);
   S* Y = static_cast<S*>(p.y);
   for (int64_t g = 0; g < p.groups; ++g) {
-    const S* Wg = W + g * p.w_group;
     for (int64_t v = 0; v < p.nvec; ++v) {
       const S* x = X + g * p.x_group + v * p.x_vec;
       S* y = Y + g * p.y_group + v * p.y_vec;
       const S* yin = p.beta != 0.0f ? Yin + g * p.y_in_group + v * p.y_in_vec : nullptr;
       for (int64_t m = 0; m < p.M; ++m) {
         double acc = 0.0;
-        for (int64_t k = 0; k < p.K; ++k) {
-          const S w = p.trans ? Wg[k * p.ldw + m] : Wg[m * p.ldw + k];
-          acc += E::load(w) * E::load(x[k]);
-        }
+        for (int64_t k = 0; k < p.K; ++k) acc += weight(g, m, k) * E::load(x[k]);
         double out = double(p.alpha) * acc;
         if (yin != nullptr) out += double(p.beta) * E::load(yin[m]);
         y[m] = E::store(out);
@@ -105,12 +102,54 @@ void run(const Problem& p) {
   }
 }
 
+template <typename E>
+void run(const Problem& p) {
+  using S = typename E::Storage;
+  const S* W = static_cast<const S*>(p.W);
+  run_with<E>(p, [&](int64_t g, int64_t m, int64_t k) {
+    const S* Wg = W + g * p.w_group;
+    return E::load(p.trans ? Wg[k * p.ldw + m] : Wg[m * p.ldw + k]);
+  });
+}
+
+double load_scale(const Problem& p, int64_t i) {
+  switch (p.scale_dtype) {
+    case DType::kFloat32: return static_cast<const float*>(p.scales)[i];
+    case DType::kFloat16: return F16::load(static_cast<const uint16_t*>(p.scales)[i]);
+    case DType::kBFloat16: return BF16::load(static_cast<const uint16_t*>(p.scales)[i]);
+  }
+  return 0.0;
+}
+
+// Weight-only quantised W: each element is dequantised exactly, (q - z) * s in double.
+template <typename E>
+void run_quant(const Problem& p) {
+  const uint8_t* W = static_cast<const uint8_t*>(p.W);
+  run_with<E>(p, [&](int64_t g, int64_t m, int64_t k) {
+    const uint8_t* row = W + g * p.w_group + m * p.ldw;
+    const int64_t j = p.group_size > 0 ? k / p.group_size : 0;
+    int q = 0, z = 0;
+    if (p.wbits == 8) {
+      q = int(int8_t(row[k]));
+    } else {
+      q = (k % 2 == 0) ? (row[k / 2] & 15) : (row[k / 2] >> 4);
+      z = p.zeros != nullptr ? (p.zeros[g * p.z_group + m * p.ldz + j] & 15) : 8;
+    }
+    return double(q - z) * load_scale(p, g * p.s_group + m * p.lds + j);
+  });
+}
+
 }  // namespace
 
 Status reference(const Problem& p) {
   Status st = validate(p);
   if (!st.ok()) return st;
   if (p.M == 0 || p.groups == 0 || p.nvec == 0) return {};
+  if (p.wbits != 0) {
+    if (p.dtype == DType::kFloat16) run_quant<F16>(p);
+    else run_quant<BF16>(p);
+    return {};
+  }
   switch (p.dtype) {
     case DType::kFloat32: run<F32>(p); break;
     case DType::kFloat16: run<F16>(p); break;

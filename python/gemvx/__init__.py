@@ -8,6 +8,11 @@ Doors:
 Both compute ``y = alpha * op(W) @ x + beta * y_in`` with fp32 accumulation for float32, float16
 and bfloat16; ``op(W) = W`` for W of shape (..., M, K), ``W^T`` with ``transpose=True`` for W
 stored (..., K, M).
+
+Weight-only quantisation: :func:`quantize` turns W into a :class:`QuantizedWeight` (int8, or int4
+with optional zero points; per-channel or group-wise scales), which every door accepts in place of
+W (x float16 or bfloat16); :func:`dequantize` goes back; :func:`from_gptq` and :func:`from_awq`
+convert int4 checkpoints.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from ._version import __version__
 from ._core import NoGPUError, build_info, compiled_configs, gpu_count
 from .cupy_ops import cupy_gemv
 from .reference import gemv_reference
+from .quant import QuantizedWeight, dequantize, from_awq, from_gptq, quantize
 
 __all__ = [
     "__version__",
@@ -28,6 +34,11 @@ __all__ = [
     "gpu_available",
     "build_info",
     "NoGPUError",
+    "QuantizedWeight",
+    "quantize",
+    "dequantize",
+    "from_gptq",
+    "from_awq",
 ]
 
 

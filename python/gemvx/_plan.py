@@ -35,7 +35,9 @@ def check_dtypes(W: Any, x: Any, y: Any = None, y_name: str = "out") -> str:
             raise TypeError(f"gemvx: {name} has non-native byte order ({np.dtype(a.dtype).str}); expected native")
     dw = dtype_name(W)
     if dw not in DTYPE_CODES:
-        raise TypeError(f"gemvx: W has dtype {dw}; expected one of {supported}")
+        hint = (" (a quantised weight goes in as a gemvx.QuantizedWeight, with its scales: see "
+                "gemvx.quantize)" if dw in ("int8", "uint8") else "")
+        raise TypeError(f"gemvx: W has dtype {dw}; expected one of {supported}{hint}")
     dx = dtype_name(x)
     if dx not in DTYPE_CODES:
         raise TypeError(f"gemvx: x has dtype {dx}; expected one of {supported}")
@@ -308,15 +310,91 @@ def check_call(W: Any, x: Any, out: Any, alpha: Any, beta: Any, transpose: Any) 
     dtype = check_dtypes(W, x)
     alpha_f, beta_f = check_scalar(alpha, "alpha"), check_scalar(beta, "beta")
     plan = plan_shapes(W.shape, x.shape, bool(transpose))
+    check_out(out, plan, dtype, beta_f, "the dtype of W and x")
+    return dtype, plan, alpha_f, beta_f
+
+
+def check_out(out: Any, plan: ShapePlan, dtype: str, beta: float, whose: str) -> None:
+    """``out`` has the result's shape and dtype, is C-contiguous and writeable; beta != 0 needs it."""
     if out is not None:
         if tuple(out.shape) != plan.out_shape:
             raise ValueError(f"gemvx: out has shape {tuple(out.shape)}; expected {plan.out_shape}")
         if dtype_name(out) != dtype or not np.dtype(out.dtype).isnative:
-            raise ValueError(f"gemvx: out has dtype {np.dtype(out.dtype).str} ({dtype_name(out)}); expected native {dtype} (the dtype of W and x)")
+            raise ValueError(f"gemvx: out has dtype {np.dtype(out.dtype).str} ({dtype_name(out)}); expected native {dtype} ({whose})")
         if not out.flags.c_contiguous:
             raise ValueError("gemvx: out must be C-contiguous")
         if not getattr(out.flags, "writeable", True):
             raise ValueError("gemvx: out is read-only")
-    elif beta_f != 0.0:
+    elif beta != 0.0:
         raise ValueError("gemvx: beta != 0 reads y_in from out=, but out is None")
-    return dtype, plan, alpha_f, beta_f
+
+
+# ---- weight-only quantised W --------------------------------------------------------------------
+
+def check_quant_call(Wq: Any, x: Any, out: Any, alpha: Any, beta: Any, transpose: Any
+                     ) -> tuple[Any, str, ShapePlan, float, float]:
+    """The checks of :func:`check_call` for a QuantizedWeight: (spec, x dtype, plan, alpha, beta)."""
+    from .quant import check_quantized, check_x_dtype
+
+    if not isinstance(transpose, (bool, np.bool_)):
+        raise TypeError(f"gemvx: transpose must be a bool; got {type(transpose).__name__}")
+    if transpose:
+        raise ValueError("gemvx: a QuantizedWeight is stored (M, K) (layout N); transpose=True is not "
+                         "supported: quantise the transposed matrix instead")
+    spec = check_quantized(Wq)
+    dtype = check_x_dtype(x)
+    alpha_f, beta_f = check_scalar(alpha, "alpha"), check_scalar(beta, "beta")
+    plan = plan_shapes(Wq.shape, x.shape, False)
+    check_out(out, plan, dtype, beta_f, "the dtype of x")
+    return spec, dtype, plan, alpha_f, beta_f
+
+
+def set_quant_fields(p: Any, spec: Any, s: tuple[int, int], z: tuple[int, int]) -> Any:
+    """Fill the quantisation fields of a Problem: format, (lds, s_group), (ldz, z_group)."""
+    p.wbits = spec.bits
+    p.group_size = spec.group_size or 0
+    p.scale_dtype = DTYPE_CODES[spec.scale_dtype]
+    p.lds, p.s_group = s
+    p.ldz, p.z_group = z
+    return p
+
+
+def _row_major(xp: Any, a: Any) -> tuple[Any, tuple[int, int], bool]:
+    """A (..., rows, cols) array whose rows have unit-stride columns, (row stride, matrix stride)
+    in elements, and whether it had to be copied to C order to get there."""
+    lay = w_strides(a, False)
+    if lay is not None and not lay[0]:
+        return a, (lay[1], lay[2]), False
+    a = xp.ascontiguousarray(a)
+    lay = w_strides(a, False)
+    return a, (lay[1], lay[2]), True
+
+
+@dataclass
+class PreparedQuant:
+    """A Prepared quantised call: the dense part (packed W, x, y) plus scale / zero pointers.
+    ``direct``: nothing was copied or reordered (the plan serves later calls of the same layout)."""
+
+    prep: Prepared
+    scale_ptr: int
+    zero_ptr: int
+    keep: tuple
+    direct: bool
+
+
+def prepare_quant(xp: Any, Wq: Any, spec: Any, x: Any, out: Any, beta: float, plan: ShapePlan,
+                  dtype: str) -> PreparedQuant:
+    """:func:`prepare` for a QuantizedWeight of NumPy or CuPy arrays: the packed matrix, the
+    scales and zero points run as stored when each has unit-stride rows and batch dims that
+    collapse to one stride, else they are copied to C order."""
+    packed, _, copied = _row_major(xp, Wq.packed)
+    per_channel = spec.group_size is None
+    scales, s, s_copied = _row_major(xp, Wq.scales[..., None] if per_channel else Wq.scales)
+    zeros, z, z_copied = None, (0, 0), False
+    if Wq.zeros is not None:
+        zeros, z, z_copied = _row_major(xp, Wq.zeros[..., None] if per_channel else Wq.zeros)
+    prep = prepare(xp, packed, x, out, beta, False, plan, dtype)
+    set_quant_fields(prep.problem, spec, s if plan.groups > 1 else (s[0], 0),
+                     z if plan.groups > 1 else (z[0], 0))
+    direct = prep.direct and not (copied or s_copied or z_copied)
+    return PreparedQuant(prep, _ptr(scales), _ptr(zeros), (scales, zeros), direct)

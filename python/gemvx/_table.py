@@ -22,6 +22,12 @@ shipped one, and a shipped table for the architecture serves every card of it wi
 
 The config ids a table names must be compiled into this build (``gemvx.configs()``); a table
 naming any other id, or a config of the wrong layout, is rejected at load with ValueError.
+
+Weight-only quantised calls are tabulated under a dtype key that names the weight format and x's
+dtype, ``int{bits}{g<group size>|c}-{x dtype}`` (e.g. ``"int4g128-float16"``, ``"int8c-bfloat16"``
+for per-channel scales), always layout N, and must name configs of the Quant family; dense keys
+must name dense configs. A quantised call with no entry for its key gets
+:func:`fallback_quant_rules`.
 """
 
 from __future__ import annotations
@@ -44,6 +50,18 @@ PACKAGE_TABLES = Path(__file__).with_name("tables")
 # Fallback rule constants: threads a Hopper/Ampere SM keeps resident, and how many waves of
 # blocks we want before splitting K is worth a second pass.
 _RESIDENT_THREADS = 2048
+
+# Dtype keys of quantised weights: int4g128-float16, int8c-bfloat16 (c: one scale per channel).
+QUANT_KEY = re.compile(r"^int(4|8)(c|g(\d+))-(float16|bfloat16)$")
+
+
+def is_quant_key(dtype: str) -> bool:
+    m = QUANT_KEY.match(dtype) if isinstance(dtype, str) else None
+    return m is not None and (m.group(3) is None or _is_pow2_group(int(m.group(3))))
+
+
+def _is_pow2_group(g: int) -> bool:
+    return g >= 32 and g & (g - 1) == 0
 
 
 class Table:
@@ -98,8 +116,10 @@ def load_table(path: str | os.PathLike) -> Table:
         missing = {"dtype", "layout", "batch", "M", "K", "config", "splits"} - set(e)
         if missing:
             raise ValueError(f"{where}: missing field(s) {sorted(missing)}")
-        if e["dtype"] not in DTYPE_CODES:
-            raise ValueError(f"{where}: dtype {e['dtype']!r} is not one of {list(DTYPE_CODES)}")
+        quant = is_quant_key(e["dtype"])
+        if e["dtype"] not in DTYPE_CODES and not quant:
+            raise ValueError(f"{where}: dtype {e['dtype']!r} is not one of {list(DTYPE_CODES)} "
+                             "nor a quantised key like \"int4g128-float16\"")
         if e["layout"] not in LAYOUTS:
             raise ValueError(f"{where}: layout {e['layout']!r} is not one of {list(LAYOUTS)}")
         for f in ("batch", "M", "K", "splits"):
@@ -116,7 +136,16 @@ def load_table(path: str | os.PathLike) -> Table:
                 f"{where}: config {e['config']} is a layout-{cfg['layout']} config, "
                 f"but the entry is for layout {e['layout']}"
             )
+        if bool(cfg.get("quant")) != quant:
+            raise ValueError(
+                f"{where}: config {e['config']} is a {_kind(cfg)} config, but the entry's dtype "
+                f"{e['dtype']!r} is {'quantised' if quant else 'dense'}"
+            )
     return Table(path, arch, device, entries)
+
+
+def _kind(cfg: dict[str, Any]) -> str:
+    return "quantised (Quant family)" if cfg.get("quant") else "dense"
 
 
 def _is_int(v: Any) -> bool:
@@ -244,6 +273,41 @@ def fallback_rules(layout: str, dtype: str, batch: int, M: int, K: int, sm_count
     return cid, max(splits, 1)
 
 
+def fallback_quant_rules(dtype: str, batch: int, M: int, K: int, sm_count: int) -> tuple[int, int]:
+    """Config and splits for a quantised call (``dtype`` a quantised key) with no table entry.
+
+    Quant configs give each warp 16 rows (one mma tile) and up to 8 (or 16) vectors. A batch of
+    more than 8 vectors takes the 16-vector configs. Enough rows for two blocks per SM take the
+    64-rows-per-block config (every warp its own rows); fewer rows take the configs whose warps
+    split K on 16 rows (8 warps when even one block per SM is out of reach). K is then split
+    (fixed-order second pass) until about four blocks per SM run, as far as every split keeps
+    one full unrolled step per lane.
+    """
+    m = QUANT_KEY.match(dtype)
+    if m is None:
+        raise ValueError(f"gemvx: {dtype!r} is not a quantised dtype key")
+    per_chunk = 32 if m.group(1) == "4" else 16  # K values per 16-byte chunk of packed W
+    cfgs = config_by_id()
+    tiles = math.ceil(M / 16)
+    if batch > 8:
+        cid = 105 if tiles >= 8 * sm_count else 106
+    elif tiles >= 8 * sm_count:
+        cid = 100
+    elif tiles >= sm_count:
+        cid = 103
+    else:
+        cid = 104
+    c = cfgs[cid]
+    rows_per_block = c["threads"] // 32 // (c["p1"] // 4) * 16 * c["p2"]
+    blocks = math.ceil(M / rows_per_block) * math.ceil(batch / c["max_vectors"])
+    want = 4 * sm_count
+    splits = 1
+    if blocks < want:
+        units = max(K // per_chunk, 1)
+        splits = min(math.ceil(want / blocks), max(units // (c["p1"] * c["unroll"]), 1), 64)
+    return cid, max(splits, 1)
+
+
 def select(arch: str, device_name: str | None, sm_count: int, dtype: str, layout: str,
            batch: int, M: int, K: int) -> tuple[int, int]:
     """(config id, splits) for a problem on a GPU: the table's nearest point, else the rules."""
@@ -256,13 +320,17 @@ def _select_cached(arch, device_name, sm_count, dtype, layout, batch, M, K):
     hit = t.lookup(dtype, layout, batch, M, K) if t is not None else None
     if hit is not None:
         return hit
+    if is_quant_key(dtype):
+        return fallback_quant_rules(dtype, batch, M, K, sm_count)
     return fallback_rules(layout, dtype, batch, M, K, sm_count)
 
 
-def resolve_config(config: Any, layout: str) -> tuple[int, int]:
-    """Validate an explicit ``config=`` (an id, or an (id, splits) pair) for a kernel layout."""
+def resolve_config(config: Any, layout: str, quant: bool = False) -> tuple[int, int]:
+    """Validate an explicit ``config=`` (an id, or an (id, splits) pair) for a kernel layout;
+    ``quant``: the call has a quantised W (Quant family configs only)."""
     compiled = config_by_id()
-    valid = sorted(i for i, c in compiled.items() if c["layout"] == layout)
+    valid = sorted(i for i, c in compiled.items()
+                   if c["layout"] == layout and bool(c.get("quant")) == quant)
     if isinstance(config, tuple) and len(config) == 2:
         cid, splits = config
     else:
@@ -272,6 +340,11 @@ def resolve_config(config: Any, layout: str) -> tuple[int, int]:
         raise ValueError(
             f"gemvx: config {config!r} is not a compiled config; valid configs for layout "
             f"{layout} are {valid} (see gemvx.configs())"
+        )
+    if bool(compiled[cid].get("quant")) != quant:
+        raise ValueError(
+            f"gemvx: config {cid} is a {_kind(compiled[cid])} config but W is "
+            f"{'quantised' if quant else 'dense'}; valid configs are {valid}"
         )
     if compiled[cid]["layout"] != layout:
         raise ValueError(

@@ -15,7 +15,8 @@ import numpy as np
 
 from . import _table
 from ._core import _ext, device_properties, raise_for_status
-from ._plan import check_call, kernel_layout, prepare
+from ._plan import check_call, check_quant_call, kernel_layout, prepare, prepare_quant
+from .quant import QuantizedWeight
 
 _KDL_CUDA = (2, 13)  # DLPack device types: CUDA, CUDA managed
 _cp: Any = None
@@ -27,6 +28,7 @@ class _Cached(NamedTuple):
     splits: int
     ws_bytes: int
     out_shape: tuple[int, ...]
+    quant: bool = False  # launched with the packed W, scale and zero-point pointers
 
 
 _CACHE: dict[tuple, _Cached] = {}
@@ -64,11 +66,13 @@ def _as_device_array(cp: Any, a: Any, name: str) -> Any:
     raise TypeError(f"gemvx: {name} must be a CUDA array (cupy.ndarray, __cuda_array_interface__ or DLPack); got {type(a).__name__}")
 
 
-def _launch(cp: Any, c: _Cached, W: Any, x: Any, y: Any, y_in: Any, alpha: float, beta: float) -> None:
+def _launch(cp: Any, c: _Cached, *operands: Any) -> None:
+    """Launch a plan; operands are (W, x, y, y_in, alpha, beta), or for a quantised plan
+    (packed W, scales, zeros, x, y, y_in, alpha, beta): pointers and scalars."""
     ws = cp.empty(c.ws_bytes, dtype=cp.uint8) if c.ws_bytes else None
-    status = _ext.launch(c.problem, W, x, y, y_in, alpha, beta, c.config, c.splits,
-                         ws.data.ptr if ws is not None else 0, c.ws_bytes,
-                         cp.cuda.get_current_stream().ptr)
+    launch = _ext.launch_quant if c.quant else _ext.launch
+    status = launch(c.problem, *operands, c.config, c.splits, ws.data.ptr if ws is not None else 0,
+                    c.ws_bytes, cp.cuda.get_current_stream().ptr)
     if status[0]:
         raise_for_status(status, "cupy_gemv")
 
@@ -79,10 +83,12 @@ def cupy_gemv(W: Any, x: Any, out: Any = None, *, alpha: float = 1.0, beta: floa
 
     Parameters
     ----------
-    W : array (..., M, K), or (..., K, M) with ``transpose=True``
+    W : array (..., M, K), or (..., K, M) with ``transpose=True``; or a gemvx.QuantizedWeight
         float32, float16 or bfloat16. C-contiguous (or row-strided) W runs as stored; an
         F-contiguous W (or a ``.T`` view) runs through the other layout with no copy; other
-        strides are copied once to C order.
+        strides are copied once to C order. A QuantizedWeight (int8 or int4, CuPy arrays, see
+        :func:`gemvx.quantize`) runs the quantised kernels: x must then be float16 or bfloat16,
+        the result has x's dtype, and ``transpose`` must be False.
     x : array (..., K), same dtype as W
         Leading dims broadcast against W's batch dims (like ``numpy.matvec``). A batch of vectors
         against one W is served by the multi-vector kernels (W read once per 16 vectors).
@@ -130,6 +136,8 @@ def cupy_gemv(W: Any, x: Any, out: Any = None, *, alpha: float = 1.0, beta: floa
 
 def _cupy_gemv_checked(cp: Any, W: Any, x: Any, out: Any, alpha: Any, beta: Any, transpose: Any,
                        config: Any, key: tuple | None) -> Any:
+    if isinstance(W, QuantizedWeight):
+        return _cupy_gemv_quant(cp, W, x, out, alpha, beta, transpose, config)
     W = _as_device_array(cp, W, "W")
     x = _as_device_array(cp, x, "x")
     if out is not None and not isinstance(out, cp.ndarray):
@@ -156,6 +164,72 @@ def _cupy_gemv_checked(cp: Any, W: Any, x: Any, out: Any, alpha: Any, beta: Any,
                     plan.out_shape)
         _launch(cp, c, *prep.ptrs, alpha_f, beta_f)
         if prep.direct and key is not None:
+            if len(_CACHE) >= _CACHE_MAX:
+                _CACHE.clear()
+            _CACHE[key] = c
+        return prep.finish()
+
+
+def _select(dev: int, dtype_key: str, layout: str, plan: Any) -> tuple[int, int]:
+    props = device_properties(dev)
+    return _table.select(f"sm_{props['major']}{props['minor']}", props["name"], props["sm_count"],
+                         dtype_key, layout, plan.nvec, plan.M, plan.K)
+
+
+def _meta(a: Any) -> Any:
+    return None if a is None else (a.shape, a.strides, a.dtype)
+
+
+def _cupy_gemv_quant(cp: Any, Wq: QuantizedWeight, x: Any, out: Any, alpha: Any, beta: Any,
+                     transpose: Any, config: Any) -> Any:
+    """cupy_gemv with a weight-only quantised W (gemvx.QuantizedWeight of CUDA arrays). As for a
+    dense W, a plan that needed no copy is cached: later calls with the same shapes, strides,
+    dtypes and format only read pointers and launch."""
+    nd, key = cp.ndarray, None
+    zeros = Wq.zeros
+    if type(Wq.packed) is nd and type(Wq.scales) is nd and (zeros is None or type(zeros) is nd) \
+            and type(x) is nd and (out is None or type(out) is nd) and type(alpha) in (float, int) \
+            and type(beta) in (float, int) and type(transpose) is bool:
+        dev = Wq.packed.data.device_id
+        key = ("quant", Wq.bits, Wq.group_size, Wq.K, _meta(Wq.packed), _meta(Wq.scales),
+               _meta(zeros), _meta(x), _meta(out), transpose, config, beta != 0, dev)
+        try:
+            c = _CACHE.get(key)
+        except TypeError:  # an unhashable field: the checked path reports it
+            c = key = None
+        if c is not None and cp.cuda.runtime.getDevice() == dev and all(
+                a.data.device_id == dev for a in (Wq.scales, zeros, x, out) if a is not None):
+            y = out if out is not None else cp.empty(c.out_shape, dtype=x.dtype)
+            yp = y.data.ptr
+            _launch(cp, c, Wq.packed.data.ptr, Wq.scales.data.ptr,
+                    0 if zeros is None else zeros.data.ptr, x.data.ptr, yp, yp if beta else 0,
+                    float(alpha), float(beta))
+            return y
+    Wq = Wq.map(lambda a: a)  # a shallow copy: its arrays are replaced by CuPy views below
+    for field in ("packed", "scales", "zeros"):
+        if getattr(Wq, field) is not None:
+            setattr(Wq, field, _as_device_array(cp, getattr(Wq, field), f"W.{field}"))
+    x = _as_device_array(cp, x, "x")
+    if out is not None and not isinstance(out, cp.ndarray):
+        raise ValueError(f"gemvx: out must be a cupy.ndarray; got {type(out).__name__}")
+    spec, dtype, plan, alpha_f, beta_f = check_quant_call(Wq, x, out, alpha, beta, transpose)
+    dev = Wq.packed.device.id
+    for name, a in (("W.scales", Wq.scales), ("W.zeros", Wq.zeros), ("x", x), ("out", out)):
+        if a is not None and a.device.id != dev:
+            raise ValueError(f"gemvx: {name} is on device {a.device.id} but W.packed is on device {dev}")
+    if config is not None:
+        config = _table.resolve_config(config, "N", quant=True)
+    with cp.cuda.Device(dev):
+        if plan.empty:
+            return out if out is not None else cp.empty(plan.out_shape, dtype=x.dtype)
+        qp = prepare_quant(cp, Wq, spec, x, out, beta_f, plan, dtype)
+        prep = qp.prep
+        cid, splits = config if config is not None else _select(dev, spec.table_key(dtype), "N", plan)
+        c = _Cached(prep.problem, cid, splits, _ext.workspace_bytes(prep.problem, cid, splits),
+                    plan.out_shape, quant=True)
+        W_ptr, x_ptr, y_ptr, y_in_ptr = prep.ptrs
+        _launch(cp, c, W_ptr, qp.scale_ptr, qp.zero_ptr, x_ptr, y_ptr, y_in_ptr, alpha_f, beta_f)
+        if qp.direct and key is not None:
             if len(_CACHE) >= _CACHE_MAX:
                 _CACHE.clear()
             _CACHE[key] = c

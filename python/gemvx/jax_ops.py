@@ -30,6 +30,7 @@ import numpy as np
 from . import _partition, _table
 from ._core import _ext, device_properties, gpu_count
 from ._plan import c_strides, check_dtypes, check_scalar, make_problem, plan_shapes, x_strides_of
+from .quant import QuantizedWeight, register_jax_pytree
 
 TARGET = "gemvx_gemv"
 
@@ -67,14 +68,14 @@ def _check_jaxlib() -> None:
         )
 
 
-def _register_targets() -> None:
-    """Registers the handlers with XLA, which checks their FFI API version against its own range
+def _register_targets(target: str, handlers: dict) -> None:
+    """Registers a target's handlers ({platform: capsule}) with XLA, which checks their FFI API version against its own range
     (old versions are kept for a year or more, not forever): a refusal names both versions."""
     import jaxlib
 
-    for platform, capsule in _ext.ffi_handlers().items():
+    for platform, capsule in handlers.items():
         try:
-            jax.ffi.register_ffi_target(TARGET, capsule, platform=platform)
+            jax.ffi.register_ffi_target(target, capsule, platform=platform)
         except Exception as exc:  # the error type differs between jaxlib versions
             info = _ext.build_info()
             raise ImportError(
@@ -91,7 +92,8 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 from jax import custom_batching  # noqa: E402
 
-_register_targets()
+_register_targets(TARGET, _ext.ffi_handlers())
+register_jax_pytree()  # QuantizedWeight objects made before JAX was imported
 
 
 @functools.lru_cache(maxsize=None)
@@ -108,40 +110,52 @@ def _lowered_call(W: Any, x: Any, y: Any, alpha: float, beta: float, transpose: 
                   config: Any) -> Any:
     """One ffi_call for arrays of any batch shape (the shapes are concrete at trace time)."""
     dtype = np.dtype(W.dtype)
-    dname = dtype.name
     plan = plan_shapes(W.shape, x.shape, transpose)
     if plan.empty:
         return y if y is not None else jnp.zeros(plan.out_shape, dtype)
-    M, K, G, V = plan.M, plan.K, plan.groups, plan.nvec
+    G = plan.groups
     rows, cols = W.shape[-2:]
     W3 = W.reshape((G, rows, cols))  # JAX arrays are C-contiguous: batch dims always collapse
+    x, xs = _work_x(plan, x)
+    p = make_problem(plan, dtype.name, (transpose, max(cols, 1), rows * cols if G > 1 else 0), xs)
+    return _call(TARGET, plan, p, dtype, dtype.name, "T" if transpose else "N", config, (W3, x), y,
+                 alpha, beta, trans=np.int32(transpose))
+
+
+def _work_x(plan: Any, x: Any) -> tuple[Any, tuple[int, int]]:
+    """x and its (group, vector) strides as the call reads it: as given when its batch dims map
+    onto the plan's (groups, nvec) view, else copied to (groups, nvec, K) work order."""
     xs = x_strides_of(tuple(x.shape), c_strides(tuple(x.shape)), plan)
     if xs is None:
-        x = plan.to_work(jnp.broadcast_to(x, plan.batch + (K,)))
-        xs = (V * K, K)
-    p = make_problem(plan, dname, (transpose, max(cols, 1), rows * cols if G > 1 else 0), xs)
+        K, V = plan.K, plan.nvec
+        return plan.to_work(jnp.broadcast_to(x, plan.batch + (K,))), (V * K, K)
+    return x, xs
+
+
+def _call(target: str, plan: Any, p: Any, dtype: Any, table_key: str, layout: str, config: Any,
+          operands: tuple[Any, ...], y: Any, alpha: float, beta: float, **attrs: Any) -> Any:
+    """The ffi_call of ``target`` for Problem ``p``: config (from the table under ``table_key`` at
+    trace time, or the caller's), split-K workspace, y_in (aliased to the result) and the sizes
+    and strides every target takes; ``attrs`` are the target's own attributes."""
+    M, K, G, V = plan.M, plan.K, plan.groups, plan.nvec
     if config is None:
         arch, name, sms = _gpu()
-        cid, splits = _table.select(arch, name, sms, dname, "T" if transpose else "N", V, M, K)
+        cid, splits = _table.select(arch, name, sms, table_key, layout, V, M, K)
     else:
         cid, splits = config
     ws_bytes = _ext.workspace_bytes(p, cid, splits)
-    if y is None:
-        y_in = jnp.zeros((0,), dtype)
-    else:
-        y_in = plan.to_work(y)
+    y_in = jnp.zeros((0,), dtype) if y is None else plan.to_work(y)
     call = jax.ffi.ffi_call(
-        TARGET,
+        target,
         (jax.ShapeDtypeStruct((G, V, M), dtype), jax.ShapeDtypeStruct((max(ws_bytes, 1),), np.uint8)),
         vmap_method="sequential",  # never reached: custom_vmap batches first
-        input_output_aliases={2: 0} if y is not None else None,
+        input_output_aliases={len(operands): 0} if y is not None else None,
     )
     out, _ws = call(
-        W3, x, y_in,
-        trans=np.int32(transpose), M=np.int64(M), K=np.int64(K), groups=np.int64(G),
-        nvec=np.int64(V), ldw=np.int64(p.ldw), w_group=np.int64(p.w_group),
-        x_vec=np.int64(p.x_vec), x_group=np.int64(p.x_group), alpha=np.float32(alpha),
-        beta=np.float32(beta), config=np.int32(cid), splits=np.int32(splits),
+        *operands, y_in, **attrs,
+        M=np.int64(M), K=np.int64(K), groups=np.int64(G), nvec=np.int64(V), ldw=np.int64(p.ldw),
+        w_group=np.int64(p.w_group), x_vec=np.int64(p.x_vec), x_group=np.int64(p.x_group),
+        alpha=np.float32(alpha), beta=np.float32(beta), config=np.int32(cid), splits=np.int32(splits),
     )
     return plan.from_work(out)
 
@@ -316,6 +330,16 @@ def _differentiable(alpha: float, beta: float, transpose: bool, config: Any, has
     return f
 
 
+def _check_y(y: Any, out_shape: tuple[int, ...], dtype: str, beta: float, whose: str) -> None:
+    if y is not None:
+        if tuple(y.shape) != out_shape:
+            raise ValueError(f"gemvx: y has shape {tuple(y.shape)}; expected {out_shape}")
+        if np.dtype(y.dtype).name != dtype:
+            raise ValueError(f"gemvx: y has dtype {np.dtype(y.dtype).name}; expected {dtype} ({whose})")
+    elif beta != 0.0:
+        raise ValueError("gemvx: beta != 0 reads y_in from y=, but y is None")
+
+
 def gemv_ffi(W: Any, x: Any, y: Any = None, *, alpha: float = 1.0, beta: float = 0.0,
              transpose: bool = False, config: int | tuple[int, int] | None = None) -> Any:
     """``alpha * op(W) @ x + beta * y`` as an XLA custom call (jit, vmap, grad, export).
@@ -337,7 +361,15 @@ def gemv_ffi(W: Any, x: Any, y: Any = None, *, alpha: float = 1.0, beta: float =
 
     Raises TypeError for dtypes and ValueError for shapes, ``y`` and ``config`` at trace time,
     with the wording of the CuPy door.
+
+    W may be a gemvx.QuantizedWeight (int8 / int4 codes with scales, JAX arrays): x must then be
+    float16 or bfloat16, the result has x's dtype, ``transpose`` must be False; see
+    :mod:`gemvx.jax_quant` for vmap and grad.
     """
+    if isinstance(W, QuantizedWeight):
+        from .jax_quant import gemv_ffi_quant
+
+        return gemv_ffi_quant(W, x, y, alpha=alpha, beta=beta, transpose=transpose, config=config)
     for name, a in (("W", W), ("x", x), ("y", y)):
         if a is not None and not hasattr(a, "shape"):
             raise TypeError(f"gemvx: {name} must be an array; got {type(a).__name__}")
@@ -347,13 +379,7 @@ def gemv_ffi(W: Any, x: Any, y: Any = None, *, alpha: float = 1.0, beta: float =
     dtype = check_dtypes(W, x)
     alpha_f, beta_f = check_scalar(alpha, "alpha"), check_scalar(beta, "beta")
     plan = plan_shapes(W.shape, x.shape, transpose)
-    if y is not None:
-        if tuple(y.shape) != plan.out_shape:
-            raise ValueError(f"gemvx: y has shape {tuple(y.shape)}; expected {plan.out_shape}")
-        if np.dtype(y.dtype).name != dtype:
-            raise ValueError(f"gemvx: y has dtype {np.dtype(y.dtype).name}; expected {dtype} (the dtype of W and x)")
-    elif beta_f != 0.0:
-        raise ValueError("gemvx: beta != 0 reads y_in from y=, but y is None")
+    _check_y(y, plan.out_shape, dtype, beta_f, "the dtype of W and x")
     if config is not None:
         config = _table.resolve_config(config, "T" if transpose else "N")
     if plan.empty:

@@ -1,0 +1,401 @@
+// Weight-only quantised GEMV, layout N: y = alpha * deq(W) x + beta * y_in.
+//
+// W is stored row-major as int8 (M, K), or as int4 packed two per byte along K (M, ceil(K/2))
+// uint8 with the even k in the low nibble; each row has one scale per group of g consecutive k
+// (g a power of two >= 32, or one group per row) and, for int4, an optional zero point per group
+// (symmetric int4 stores q + 8, i.e. zero point 8). deq(W)[m, k] = (q - z) * s.
+//
+// Tensor cores do the multiply-add with fp32 accumulation. A warp owns 16 rows (the A tile of
+// mma.m16n8k16) per m-tile and up to 8 vectors per n-tile (the B tile's 8 columns; columns with
+// no vector are zero, so one vector costs the same as eight). Each lane streams 16-byte chunks of
+// packed W (32 int4 or 16 int8 values of one row) for two rows (g and g + 8 of the tile); the four
+// lanes of a quad (lane % 4) take consecutive chunks, P1 / 4 warps of the block take the next
+// ones, so the block reads P1 * 16 contiguous bytes of a row per unrolled load.
+//
+// The order of k inside an mma does not matter as long as A and B agree, so each lane feeds the
+// mma with the values of its own chunk in the order the bit tricks produce them, and builds its B
+// fragment (x) in the same order: no shuffles between lanes.
+//
+// Dequantisation is lookup-free and exact up to the final rounding to x's dtype:
+//   int4: (w >> 4j) & 0x000F000F | magic puts two nibbles into the mantissas of two halves of
+//         1024.0 (fp16, 0x6400) or 128.0 (bf16, 0x4300), i.e. the values magic + q exactly; one
+//         half2 subtraction of (magic + z) gives q - z exactly, one half2 multiply applies s.
+//   int8: fp16: a byte permute places (b ^ 0x80) = b + 128 into the mantissa of 1024.0;
+//         subtracting 1152 gives b exactly. bf16 has too few mantissa bits for 8-bit values, so
+//         the byte goes into the mantissa of 2^23 (fp32), 2^23 + 128 is subtracted, and the exact
+//         float is truncated to bf16 (exact: |b| <= 128 needs 8 significant bits).
+// The scale is converted to x's dtype once per group, so a weight enters the mma as
+// round((q - z) * s) in x's dtype; products and sums are fp32 in the tensor core.
+//
+// Full chunks are loaded with 16-byte stream loads (VEC, when W rows and x are 16-byte aligned)
+// or byte / element loads otherwise; the last partial chunk of a row (K not a multiple of the
+// chunk) is loaded element-wise by the last split, with x = 0 past K. Split-K and the fixed-order
+// reduction across the warps of a block follow the dense row-major kernel.
+#pragma once
+
+#include <cstring>
+#include <type_traits>
+
+#include "../problem.h"
+#include "common.cuh"
+
+namespace gemvx {
+namespace kernels {
+
+// The dense arguments plus the quantisation metadata. In `a`, W is the packed matrix and ldw /
+// w_group are in bytes; scale and zero strides are in elements.
+struct QuantArgs {
+  Args a;
+  const void* scales;
+  const uint8_t* zeros;  // null: symmetric (int8; int4 with the implicit zero point 8)
+  int64_t lds, s_group;
+  int64_t ldz, z_group;
+  int32_t group_shift;  // group of element k = k >> group_shift (per-channel: 62, always 0)
+  int32_t scale_dtype;  // DType code of the scales
+};
+
+__device__ __forceinline__ uint32_t bits_of(__half2 h) {
+  uint32_t u;
+  memcpy(&u, &h, 4);
+  return u;
+}
+__device__ __forceinline__ uint32_t bits_of(__nv_bfloat162 h) {
+  uint32_t u;
+  memcpy(&u, &h, 4);
+  return u;
+}
+__device__ __forceinline__ uint32_t bits_of(__half h) { return __half_as_ushort(h); }
+__device__ __forceinline__ uint32_t bits_of(__nv_bfloat16 h) { return __bfloat16_as_ushort(h); }
+
+// Arithmetic on pairs of x's dtype, held as 32-bit words, and the mma of that dtype.
+template <typename T>
+struct QuantMath;
+
+// c += A (16 x 16, a0..a3) B (16 x 8, b0..b1), fp32 accumulators; AB is "f16" or "bf16".
+#define GEMVX_MMA_16816(AB)                                                                        \
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." AB "." AB                                  \
+               ".f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"               \
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])                                    \
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1))
+
+// Subtraction and multiplication of pairs (T2 = __half2 or __nv_bfloat162) held in 32-bit words.
+template <typename T2>
+struct PairOps {
+  static __device__ __forceinline__ T2 pair(uint32_t u) {
+    T2 h;
+    memcpy(&h, &u, 4);
+    return h;
+  }
+  static __device__ __forceinline__ uint32_t sub(uint32_t a, uint32_t b) {
+    return bits_of(__hsub2(pair(a), pair(b)));
+  }
+  static __device__ __forceinline__ uint32_t mul(uint32_t a, uint32_t b) {
+    return bits_of(__hmul2(pair(a), pair(b)));
+  }
+};
+
+template <>
+struct QuantMath<__half> : PairOps<__half2> {
+  static constexpr uint32_t kMagic = 0x64006400u;  // (1024, 1024): ulp 1, room for 10 bits
+  static constexpr float kMagicValue = 1024.0f;
+  static __device__ __forceinline__ uint32_t splat(float v) { return bits_of(__float2half2_rn(v)); }
+  // Four signed bytes -> two pairs (k0, k1), (k2, k3), scaled.
+  static __device__ __forceinline__ void int8x4(uint32_t w, uint32_t s2, uint32_t (&p)[2]) {
+    const uint32_t u = w ^ 0x80808080u;  // b + 128, as unsigned bytes
+    constexpr uint32_t kBias = 0x64806480u;  // (1152, 1152) = 1024 + 128
+    p[0] = mul(sub(__byte_perm(u, 0x64646464u, 0x4140), kBias), s2);
+    p[1] = mul(sub(__byte_perm(u, 0x64646464u, 0x4342), kBias), s2);
+  }
+  static __device__ __forceinline__ void mma(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                             uint32_t a3, uint32_t b0, uint32_t b1) {
+    GEMVX_MMA_16816("f16");
+  }
+};
+
+template <>
+struct QuantMath<__nv_bfloat16> : PairOps<__nv_bfloat162> {
+  static constexpr uint32_t kMagic = 0x43004300u;  // (128, 128): ulp 1, room for 7 bits
+  static constexpr float kMagicValue = 128.0f;
+  static __device__ __forceinline__ uint32_t splat(float v) {
+    return bits_of(__float2bfloat162_rn(v));
+  }
+  static __device__ __forceinline__ void int8x4(uint32_t w, uint32_t s2, uint32_t (&p)[2]) {
+    const uint32_t u = w ^ 0x80808080u;
+    float f[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)  // 2^23 + (b + 128), exactly; minus 2^23 + 128
+      f[i] = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7440 + i)) - 8388736.0f;
+    // the upper halves of the exact floats are their bf16 values
+    p[0] = mul(__byte_perm(__float_as_uint(f[0]), __float_as_uint(f[1]), 0x7632), s2);
+    p[1] = mul(__byte_perm(__float_as_uint(f[2]), __float_as_uint(f[3]), 0x7632), s2);
+  }
+  static __device__ __forceinline__ void mma(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                             uint32_t a3, uint32_t b0, uint32_t b1) {
+    GEMVX_MMA_16816("bf16");
+  }
+};
+
+// One word of 8 int4 values (k = 0..7, low nibble first) -> four scaled pairs in the order
+// (0, 4), (1, 5), (2, 6), (3, 7). bias2 = magic + zero point in both halves.
+template <typename T>
+__device__ __forceinline__ void int4x8(uint32_t w, uint32_t bias2, uint32_t s2, uint32_t (&e)[4]) {
+  using Q = QuantMath<T>;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) e[j] = Q::mul(Q::sub(((w >> (4 * j)) & 0x000F000Fu) | Q::kMagic, bias2), s2);
+}
+
+__device__ __forceinline__ float load_scale(const void* s, int64_t i, int32_t dtype) {
+  if (dtype == int32_t(DType::kFloat32)) return __ldg(static_cast<const float*>(s) + i);
+  const unsigned short u = __ldg(static_cast<const unsigned short*>(s) + i);
+  if (dtype == int32_t(DType::kFloat16)) return __half2float(__ushort_as_half(u));
+  return __uint_as_float(uint32_t(u) << 16);
+}
+
+__device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+template <typename T, int BITS, int THREADS, int P1, int R, int U, int NV, bool VEC>
+__global__ void __launch_bounds__(THREADS) gemv_quant(const QuantArgs q) {
+  static_assert(BITS == 4 || BITS == 8, "int4 or int8 weights");
+  static_assert(P1 % 4 == 0 && (THREADS / 32) % (P1 / 4) == 0, "P1 / 4 warps must divide the block");
+  static_assert(NV % 8 == 0, "vectors come in n-tiles of 8");
+  using Q = QuantMath<T>;
+  constexpr int WK = P1 / 4;                // warps that split K for the same rows
+  constexpr int ROW_WARPS = THREADS / 32 / WK;
+  constexpr int ROWS = ROW_WARPS * 16 * R;  // rows per block
+  constexpr int NB = NV / 8;                // n-tiles
+  constexpr int E = BITS == 4 ? 32 : 16;    // K values per 16-byte chunk
+  constexpr int XQ = E * 2 / 16;            // 16-byte pieces of x per chunk
+  const Args& a = q.a;
+  pdl_wait();
+
+  const int lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
+  const int gq = lane / 4;  // row of the A tile (and g + 8), column of the B tile
+  const int t = lane % 4;   // position in the quad: owns k-slots 2t, 2t+1, 2t+8, 2t+9 of each mma
+  const int wk = warp % WK;
+  const int wr = warp / WK;
+  const int L = wk * 4 + t;  // this lane's position among the P1 lanes that walk a row
+  const int split = blockIdx.y;
+  const int64_t z = a.z_offset + blockIdx.z;
+  const int64_t g = z / a.vchunks;
+  const int64_t v0 = (z % a.vchunks) * NV;
+  const int nv = int(a.nvec - v0 < NV ? a.nvec - v0 : NV);
+
+  const uint8_t* W = static_cast<const uint8_t*>(a.W) + g * a.w_group;
+  const T* X = static_cast<const T*>(a.x) + g * a.x_group + v0 * a.x_vec;
+  const int64_t row_bytes = BITS == 4 ? (a.K + 1) / 2 : a.K;
+
+  // Rows past M read the last row (in bounds, never stored). [rt][0]: row g, [rt][1]: row g + 8.
+  int64_t row[R][2];
+  const uint8_t* wrow[R][2];
+  int64_t srow[R][2], zrow[R][2];
+#pragma unroll
+  for (int rt = 0; rt < R; ++rt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      row[rt][h] = int64_t(blockIdx.x) * ROWS + (wr * R + rt) * 16 + gq + 8 * h;
+      const int64_t r = row[rt][h] < a.M ? row[rt][h] : a.M - 1;
+      wrow[rt][h] = W + r * a.ldw;
+      srow[rt][h] = g * q.s_group + r * q.lds;
+      zrow[rt][h] = g * q.z_group + r * q.ldz;
+    }
+  // This lane's B columns: vectors gq and gq + 8 (n-tile 1); columns past nvec stay zero.
+  bool has_x[NB];
+  const T* xv[NB];
+#pragma unroll
+  for (int nb = 0; nb < NB; ++nb) {
+    const int v = nb * 8 + gq;
+    has_x[nb] = v < nv;
+    xv[nb] = X + int64_t(has_x[nb] ? v : 0) * a.x_vec;
+  }
+
+  float acc[R][NB][4];
+#pragma unroll
+  for (int rt = 0; rt < R; ++rt)
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) acc[rt][nb][j] = 0.0f;
+
+  // One chunk of this lane: the packed W of two rows per m-tile, their scales and zero points,
+  // and x for its vectors.
+  struct Chunk {
+    uint4 w[R][2];
+    float s[R][2];
+    uint32_t zp[R][2];
+    uint4 x[NB][XQ];
+  };
+  const uint4 zero4 = make_uint4(0u, 0u, 0u, 0u);
+
+  // Loads chunk c. FULL: in bounds for every lane. EDGE: the last, partial chunk of the rows
+  // (element loads, zeros past K). Otherwise `valid` says whether this lane has a chunk at all.
+  auto fetch = [&](Chunk& ch, int64_t c, bool valid, bool edge) {
+    const int64_t grp = (c * E) >> q.group_shift;
+#pragma unroll
+    for (int rt = 0; rt < R; ++rt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        if (!valid) {
+          ch.w[rt][h] = zero4;
+        } else if (VEC && !edge) {
+          ch.w[rt][h] = load_stream(reinterpret_cast<const uint4*>(wrow[rt][h]) + c);
+        } else {
+          uint32_t wd[4] = {0u, 0u, 0u, 0u};
+#pragma unroll
+          for (int b = 0; b < 16; ++b) {
+            const int64_t i = c * 16 + b;
+            if (!edge || i < row_bytes) wd[b / 4] |= uint32_t(__ldg(wrow[rt][h] + i)) << (8 * (b % 4));
+          }
+          ch.w[rt][h] = make_uint4(wd[0], wd[1], wd[2], wd[3]);
+        }
+        ch.s[rt][h] = valid ? load_scale(q.scales, srow[rt][h] + grp, q.scale_dtype) : 0.0f;
+        if constexpr (BITS == 4)
+          ch.zp[rt][h] = !valid || q.zeros == nullptr ? 8u : uint32_t(__ldg(q.zeros + zrow[rt][h] + grp)) & 15u;
+      }
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) {
+      if (!valid || !has_x[nb]) {
+#pragma unroll
+        for (int i = 0; i < XQ; ++i) ch.x[nb][i] = zero4;
+      } else if (VEC && !edge) {
+#pragma unroll
+        for (int i = 0; i < XQ; ++i) ch.x[nb][i] = load_keep(reinterpret_cast<const uint4*>(xv[nb] + c * E) + i);
+      } else {
+        uint32_t xw[E / 2];
+#pragma unroll
+        for (int e = 0; e < E; e += 2) {
+          const int64_t k = c * E + e;
+          const uint32_t lo = !edge || k < a.K ? bits_of(load_keep(xv[nb] + k)) : 0u;
+          const uint32_t hi = !edge || k + 1 < a.K ? bits_of(load_keep(xv[nb] + k + 1)) : 0u;
+          xw[e / 2] = lo | (hi << 16);
+        }
+#pragma unroll
+        for (int i = 0; i < XQ; ++i) ch.x[nb][i] = make_uint4(xw[4 * i], xw[4 * i + 1], xw[4 * i + 2], xw[4 * i + 3]);
+      }
+    }
+  };
+
+  // Dequantises a chunk and runs its mmas (8 per m-tile and n-tile for int4, 4 for int8).
+  auto consume = [&](const Chunk& ch) {
+    // B fragments, in the k order of the A pairs.
+    constexpr int MMAS = BITS == 4 ? 8 : 4;
+    uint32_t b[NB][MMAS][2];
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) {
+      uint32_t xw[4 * XQ];
+#pragma unroll
+      for (int i = 0; i < 4 * XQ; ++i) xw[i] = word_of(ch.x[nb][i / 4], i % 4);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        if constexpr (BITS == 4) {  // W word i covers k = 8i..8i+7; pairs (8i+j, 8i+j+4)
+          b[nb][2 * i][0] = __byte_perm(xw[4 * i], xw[4 * i + 2], 0x5410);
+          b[nb][2 * i][1] = __byte_perm(xw[4 * i], xw[4 * i + 2], 0x7632);
+          b[nb][2 * i + 1][0] = __byte_perm(xw[4 * i + 1], xw[4 * i + 3], 0x5410);
+          b[nb][2 * i + 1][1] = __byte_perm(xw[4 * i + 1], xw[4 * i + 3], 0x7632);
+        } else {  // W word i covers k = 4i..4i+3; pairs (4i, 4i+1), (4i+2, 4i+3)
+          b[nb][i][0] = xw[2 * i];
+          b[nb][i][1] = xw[2 * i + 1];
+        }
+      }
+    }
+#pragma unroll
+    for (int rt = 0; rt < R; ++rt) {
+      uint32_t s2[2], bias2[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        s2[h] = Q::splat(ch.s[rt][h]);
+        if constexpr (BITS == 4) bias2[h] = Q::splat(Q::kMagicValue + float(ch.zp[rt][h]));
+      }
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        if constexpr (BITS == 4) {
+          uint32_t lo[4], hi[4];
+          int4x8<T>(word_of(ch.w[rt][0], i), bias2[0], s2[0], lo);
+          int4x8<T>(word_of(ch.w[rt][1], i), bias2[1], s2[1], hi);
+#pragma unroll
+          for (int nb = 0; nb < NB; ++nb) {
+            Q::mma(acc[rt][nb], lo[0], hi[0], lo[1], hi[1], b[nb][2 * i][0], b[nb][2 * i][1]);
+            Q::mma(acc[rt][nb], lo[2], hi[2], lo[3], hi[3], b[nb][2 * i + 1][0], b[nb][2 * i + 1][1]);
+          }
+        } else {
+          uint32_t lo[2], hi[2];
+          Q::int8x4(word_of(ch.w[rt][0], i), s2[0], lo);
+          Q::int8x4(word_of(ch.w[rt][1], i), s2[1], hi);
+#pragma unroll
+          for (int nb = 0; nb < NB; ++nb) Q::mma(acc[rt][nb], lo[0], hi[0], lo[1], hi[1], b[nb][i][0], b[nb][i][1]);
+        }
+      }
+    }
+  };
+
+  // Full chunks of this split; every lane of the warp runs the same number of steps (mma.sync is
+  // warp-collective), lanes without a chunk in the last step feed zeros.
+  const int64_t nfull = a.K / E;
+  const int64_t c_begin = min(int64_t(split) * a.split_span, nfull);
+  const int64_t c_end = min(c_begin + a.split_span, nfull);
+  // The unaligned variant (byte loads) keeps one chunk in flight: its loads are many and narrow.
+  constexpr int UL = VEC ? U : 1;
+  int64_t cb = c_begin;
+  for (; cb + int64_t(P1) * UL <= c_end; cb += int64_t(P1) * UL) {
+    Chunk ch[UL];
+#pragma unroll
+    for (int u = 0; u < UL; ++u) fetch(ch[u], cb + u * P1 + L, true, false);
+#pragma unroll
+    for (int u = 0; u < UL; ++u) consume(ch[u]);
+  }
+  for (; cb < c_end; cb += P1) {
+    Chunk ch;
+    fetch(ch, cb + L, cb + L < c_end, false);
+    consume(ch);
+  }
+  pdl_trigger();
+  // The partial chunk at the end of the rows, once, by the first warp of each row slice of the
+  // last split.
+  if (nfull * E < a.K && split == a.splits - 1 && wk == 0) {
+    Chunk ch;
+    fetch(ch, nfull, t == 0, true);
+    consume(ch);
+  }
+
+  if constexpr (WK > 1) {
+    // Warps 1..WK-1 of a row slice hand their tiles to warp 0, which adds them in a fixed order.
+    __shared__ float red[ROW_WARPS][WK - 1][R * NB * 4][32];
+    if (wk > 0) {
+#pragma unroll
+      for (int rt = 0; rt < R; ++rt)
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+          for (int j = 0; j < 4; ++j) red[wr][wk - 1][(rt * NB + nb) * 4 + j][lane] = acc[rt][nb][j];
+    }
+    __syncthreads();
+    if (wk > 0) return;
+#pragma unroll
+    for (int w = 0; w < WK - 1; ++w)
+#pragma unroll
+      for (int rt = 0; rt < R; ++rt)
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+          for (int j = 0; j < 4; ++j) acc[rt][nb][j] += red[wr][w][(rt * NB + nb) * 4 + j][lane];
+  }
+
+  // C tile: acc[..][0..1] are row g, columns 2t and 2t+1; acc[..][2..3] the same for row g + 8.
+#pragma unroll
+  for (int rt = 0; rt < R; ++rt)
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int64_t m = row[rt][j / 2];
+        const int v = nb * 8 + 2 * t + (j % 2);
+        if (m < a.M && v < nv) store_output<T>(a, split, g, v0 + v, m, acc[rt][nb][j]);
+      }
+}
+
+}  // namespace kernels
+}  // namespace gemvx
+
+#undef GEMVX_MMA_16816

@@ -1,0 +1,327 @@
+"""GPU tests of the quantised kernels through both doors: ``cupy_gemv(Wq, x)`` (marked ``gpu``) and
+``gemv_ffi(Wq, x)`` on a JAX GPU (marked ``gpu(door="jax")``). Skipped cleanly without a GPU.
+
+Every result is compared with float64 NumPy on the exactly dequantised matrix (written out from
+the documented format in helpers.dequantize64), under the tolerances of the dense tests for x's
+dtype; outputs are pre-filled with NaN so an element the kernel skips fails. Codes are random over
+their whole range (every nibble, int8 -128..127, a random padding nibble when K is odd).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+import gemvx
+from gemvx import _plan
+from gemvx._core import _ext
+from helpers import (
+    QUANT_FORMATS,
+    QUANT_X_DTYPES,
+    SCALE_DTYPES,
+    assert_gemv_close,
+    capture,
+    cases,
+    dequantize64,
+    idfn,
+    poisoned,
+    quant_id,
+    random_array,
+    random_quantized,
+)
+
+GPU = pytest.mark.gpu
+JAX_GPU = pytest.mark.gpu(door="jax")
+QUANT_CONFIGS = [c for c in gemvx.configs() if c["quant"]]
+SHAPES = [(m, k) for m in (1, 17, 300) for k in (1, 7, 31, 33, 127, 4097)]
+
+
+def qid(value: Any) -> str | None:
+    if isinstance(value, tuple) and len(value) == 3 and isinstance(value[2], bool):
+        return quant_id(value)
+    return idfn(value)
+
+
+@pytest.fixture(scope="module")
+def cp() -> Any:
+    return pytest.importorskip("cupy")
+
+
+def to_device(cp: Any, q: gemvx.QuantizedWeight) -> gemvx.QuantizedWeight:
+    return q.map(cp.asarray)
+
+
+def run_checked(cp: Any, q: gemvx.QuantizedWeight, x: np.ndarray, *, q_d: Any = None, x_d: Any = None,
+                alpha: float = 1.0, beta: float = 0.0, y_in: np.ndarray | None = None,
+                config: Any = None) -> np.ndarray:
+    """cupy_gemv(q, x) into a poisoned out (or y_in when beta != 0), checked against float64."""
+    q_d = to_device(cp, q) if q_d is None else q_d
+    x_d = cp.asarray(x) if x_d is None else x_d
+    shape = tuple(np.broadcast_shapes(q.shape[:-2], x.shape[:-1])) + (q.shape[-2],)
+    out_h = y_in.copy() if beta != 0.0 else poisoned(shape, x.dtype)
+    out_d = cp.asarray(out_h)
+    y = gemvx.cupy_gemv(q_d, x_d, out_d, alpha=alpha, beta=beta, config=config)
+    assert y is out_d
+    got = cp.asnumpy(y)
+    assert_gemv_close(got, dequantize64(q), x, alpha=alpha, beta=beta, y_in=y_in)
+    return got
+
+
+def vector_eligible(prep: Any) -> bool:
+    """Mirror of quant_vector_ok in cc/gemvx/launch.cu: may the 16-byte loads run?"""
+    p, (w_ptr, x_ptr, _y, _yin) = prep.problem, prep.ptrs
+    xs = 2  # float16 / bfloat16 x
+
+    def s16(stride: int, extent: int, size: int) -> bool:
+        return extent <= 1 or (stride * size) % 16 == 0
+
+    return (w_ptr % 16 == 0 and s16(p.ldw, p.M, 1) and s16(p.w_group, p.groups, 1) and x_ptr % 16 == 0
+            and s16(p.x_vec, p.nvec, xs) and s16(p.x_group, p.groups, xs))
+
+
+# ---- formats x dtypes x shapes ------------------------------------------------------------------
+
+@GPU
+@pytest.mark.parametrize("fmt,x_dtype,shape", cases(QUANT_FORMATS, QUANT_X_DTYPES, SHAPES), ids=qid)
+def test_formats_and_shapes(cp: Any, rng: np.random.Generator, fmt: tuple[int, Any, bool], x_dtype: str,
+                            shape: tuple[int, int]) -> None:
+    M, K = shape
+    q = random_quantized(rng, (M, K), fmt, SCALE_DTYPES[(M + K) % 3])
+    run_checked(cp, q, random_array(rng, (K,), x_dtype))
+
+
+@GPU
+@pytest.mark.parametrize("fmt,x_dtype,B", cases(
+    [(8, None, False), (8, 128, False), (4, 32, False), (4, 128, True)], QUANT_X_DTYPES,
+    (1, 2, 3, 7, 8, 9, 15, 16, 17, 40)), ids=qid)
+def test_vector_batches(cp: Any, rng: np.random.Generator, fmt: tuple[int, Any, bool], x_dtype: str,
+                        B: int) -> None:
+    """Batches of vectors: one n-tile (8), two (16), and chunks of them."""
+    q = random_quantized(rng, (77, 1000), fmt, "bfloat16")
+    run_checked(cp, q, random_array(rng, (B, 1000), x_dtype))
+
+
+@GPU
+@pytest.mark.parametrize("fmt,case", cases([(8, 64, False), (4, None, True)],
+                                           [(0.5, 0.0), (-1.5, 2.0), (0.0, 1.0), (1.0, -1.0)]), ids=qid)
+def test_alpha_beta(cp: Any, rng: np.random.Generator, fmt: tuple[int, Any, bool],
+                    case: tuple[float, float]) -> None:
+    alpha, beta = case
+    q = random_quantized(rng, (301, 515), fmt)
+    x = random_array(rng, (3, 515), "float16")
+    y_in = random_array(rng, (3, 301), "float16")
+    if beta != 0.0:
+        run_checked(cp, q, x, alpha=alpha, beta=beta, y_in=y_in)
+    else:
+        run_checked(cp, q, x, alpha=alpha)
+
+
+@GPU
+@pytest.mark.parametrize("w_batch,x_batch", [((), (5,)), ((3,), ()), ((3,), (3,)), ((1, 3), (5, 3)),
+                                             ((2, 1, 3), (4, 1)), ((4, 1), (2, 1, 1))], ids=idfn)
+def test_matrix_batches(cp: Any, rng: np.random.Generator, w_batch: tuple[int, ...],
+                        x_batch: tuple[int, ...]) -> None:
+    q = random_quantized(rng, w_batch + (33, 260), (4, 64, True))
+    run_checked(cp, q, random_array(rng, x_batch + (260,), "bfloat16"))
+
+
+# ---- every config: aligned and unaligned, split-K, tails ------------------------------------------
+
+def _config_shape(cfg: dict[str, Any], bits: int, splits: int) -> tuple[int, int]:
+    """(M, K): K long enough for every split to run a full unrolled step of every lane, plus a
+    partial chunk (a tail); M not a multiple of the block's rows."""
+    per_chunk = 32 if bits == 4 else 16
+    return 45, splits * cfg["p1"] * cfg["unroll"] * per_chunk + 2 * per_chunk + 5
+
+
+def _padded(cp: Any, a: np.ndarray, aligned: bool) -> Any:
+    """A device view of ``a`` whose rows start on 16-byte boundaries (aligned) or whose base is
+    one byte / element off (not aligned)."""
+    if aligned:
+        width = -(-a.shape[-1] * a.itemsize // 16) * 16 // a.itemsize + 16 // a.itemsize
+        base = cp.zeros(a.shape[:-1] + (width,), a.dtype)
+        base[..., : a.shape[-1]] = cp.asarray(a)
+        return base[..., : a.shape[-1]]
+    flat = cp.zeros(a.size + 1, a.dtype)
+    flat[1:] = cp.asarray(a).ravel()
+    return flat[1:].reshape(a.shape)
+
+
+@GPU
+@pytest.mark.parametrize("cfg_id,bits,x_dtype,splits,aligned", cases(
+    [c["id"] for c in QUANT_CONFIGS], (4, 8), QUANT_X_DTYPES, (1, 3), (True, False)))
+def test_every_config(cp: Any, rng: np.random.Generator, cfg_id: int, bits: int, x_dtype: str,
+                      splits: int, aligned: bool) -> None:
+    cfg = next(c for c in QUANT_CONFIGS if c["id"] == cfg_id)
+    M, K = _config_shape(cfg, bits, splits)
+    B = cfg["max_vectors"] + 3  # a full chunk of vectors and a partial one
+    fmt = (bits, 64, bits == 4)
+    q = random_quantized(rng, (M, K), fmt, "float16")
+    x = random_array(rng, (B, K), x_dtype)
+    q_d = gemvx.QuantizedWeight(_padded(cp, q.packed, aligned), cp.asarray(q.scales),
+                                None if q.zeros is None else cp.asarray(q.zeros), bits=bits,
+                                group_size=64, K=K)
+    x_d = _padded(cp, x, aligned)
+    # the test exercises what it says: the 16-byte loads or not, every split used
+    spec, dtype, plan, _a, beta = _plan.check_quant_call(q_d, x_d, None, 1.0, 0.0, False)
+    prep = _plan.prepare_quant(cp, q_d, spec, x_d, None, beta, plan, dtype).prep
+    assert vector_eligible(prep) == aligned
+    assert _ext.effective_splits(prep.problem, cfg_id, splits) == splits
+    first = run_checked(cp, q, x, q_d=q_d, x_d=x_d, config=(cfg_id, splits))
+    second = run_checked(cp, q, x, q_d=q_d, x_d=x_d, config=(cfg_id, splits))
+    assert first.tobytes() == second.tobytes(), "not bitwise repeatable"
+
+
+# ---- sizes, edge cases ----------------------------------------------------------------------------
+
+@GPU
+@pytest.mark.parametrize("fmt,shape", cases([(8, None, False), (4, 128, False), (4, 128, True)],
+                                            [(4096, 4096), (3, 2**20 + 64 + 7), (5120, 2048)]), ids=qid)
+def test_large(cp: Any, rng: np.random.Generator, fmt: tuple[int, Any, bool], shape: tuple[int, int]) -> None:
+    M, K = shape
+    q = random_quantized(rng, (M, K), fmt, "float16")
+    run_checked(cp, q, random_array(rng, (2, K), "float16"))
+
+
+@GPU
+def test_k_zero_empty_and_nan(cp: Any, rng: np.random.Generator) -> None:
+    q0 = to_device(cp, gemvx.quantize(np.zeros((4, 0), np.float32), bits=4, group_size=32))
+    y_in = random_array(rng, (4,), "float16")
+    out = cp.asarray(y_in)
+    gemvx.cupy_gemv(q0, cp.zeros((0,), cp.float16), out, beta=2.0)
+    np.testing.assert_array_equal(cp.asnumpy(out), (2 * y_in.astype(np.float32)).astype(np.float16))
+    q = random_quantized(rng, (20, 99), (4, 32, True))
+    assert gemvx.cupy_gemv(to_device(cp, q), cp.zeros((0, 99), cp.float16)).shape == (0, 20)
+    x = random_array(rng, (99,), "float16")
+    x[50] = np.nan
+    got = gemvx.cupy_gemv(to_device(cp, q), cp.asarray(x))
+    assert np.isnan(cp.asnumpy(got).astype(np.float32)).all()
+
+
+@GPU
+def test_out_none_and_stream_and_graph(cp: Any, rng: np.random.Generator) -> None:
+    q = random_quantized(rng, (300, 1031), (4, 128, True))
+    x = random_array(rng, (1031,), "bfloat16")
+    q_d, x_d = to_device(cp, q), cp.asarray(x)
+    y = gemvx.cupy_gemv(q_d, x_d)
+    assert y.dtype == x.dtype and y.shape == (300,)
+    assert_gemv_close(cp.asnumpy(y), dequantize64(q), x)
+    config = (QUANT_CONFIGS[0]["id"], 1)  # one kernel, no workspace: nothing allocated while capturing
+    out = cp.asarray(poisoned((300,), x.dtype))
+    gemvx.cupy_gemv(q_d, x_d, out, config=config)  # warm-up (module load) outside the capture
+    stream, graph = capture(cp, lambda: gemvx.cupy_gemv(q_d, x_d, out, config=config))
+    out[...] = cp.asarray(poisoned((300,), x.dtype))
+    cp.cuda.Device().synchronize()
+    graph.launch(stream)
+    stream.synchronize()
+    assert_gemv_close(cp.asnumpy(out), dequantize64(q), x)
+
+
+@GPU
+@pytest.mark.parametrize("fmt", [(8, None, False), (4, 64, False), (4, 64, True)], ids=qid)
+def test_quantize_on_device_matches_host(cp: Any, rng: np.random.Generator, fmt: tuple[int, Any, bool]) -> None:
+    bits, g, asym = fmt
+    W = random_array(rng, (37, 301), "float32")
+    a = gemvx.quantize(W, bits=bits, group_size=g, symmetric=not asym, scale_dtype="float16")
+    b = gemvx.quantize(cp.asarray(W), bits=bits, group_size=g, symmetric=not asym, scale_dtype="float16")
+    assert isinstance(b.packed, cp.ndarray)
+    b = b.map(cp.asnumpy)
+    assert np.abs(b.scales.view(np.uint16).astype(int) - a.scales.view(np.uint16)).max() <= 1
+    deq = dequantize64(b)
+    s = np.repeat(b.scales.astype(np.float64)[..., None] if g is None else b.scales.astype(np.float64),
+                  1 if g is None else g, axis=-1)[..., :301]
+    assert (np.abs(deq - W) <= s / 2 + np.abs(W) * 2.0**-22).all()
+    x = random_array(rng, (301,), "float16")
+    assert_gemv_close(cp.asnumpy(gemvx.cupy_gemv(to_device(cp, b), cp.asarray(x))), deq, x)
+
+
+@GPU
+def test_bad_arguments_launch_nothing(cp: Any, rng: np.random.Generator) -> None:
+    q = random_quantized(rng, (6, 70), (4, 32, True))
+    x = cp.asarray(random_array(rng, (70,), "float16"))
+    out = cp.asarray(poisoned((6,), "float16"))
+    bad = [
+        (gemvx.QuantizedWeight(cp.asarray(q.packed[:, :-1]), cp.asarray(q.scales), cp.asarray(q.zeros),
+                               bits=4, group_size=32, K=70), x, ValueError, r"W\.packed"),
+        (gemvx.QuantizedWeight(cp.asarray(q.packed), cp.asarray(q.scales[:, :2]), cp.asarray(q.zeros),
+                               bits=4, group_size=32, K=70), x, ValueError, r"W\.scales"),
+        (gemvx.QuantizedWeight(cp.asarray(q.packed), cp.asarray(q.scales), cp.asarray(q.zeros),
+                               bits=4, group_size=48, K=70), x, ValueError, r"group_size"),
+        (gemvx.QuantizedWeight(cp.asarray(q.packed), q.scales, cp.asarray(q.zeros), bits=4,
+                               group_size=32, K=70), x, ValueError, r"W\.scales.*host"),
+        (to_device(cp, q), x.astype(cp.float32), TypeError, r"\bx\b.*float32"),
+    ]
+    for W, xx, exc, match in bad:
+        with pytest.raises(exc, match=match):
+            gemvx.cupy_gemv(W, xx, out)
+    assert np.isnan(cp.asnumpy(out).astype(np.float32)).all()
+
+
+@GPU
+@pytest.mark.parametrize("fmt", [(8, None, False), (4, 64, True)], ids=qid)
+def test_cached_plan_reuse(cp: Any, rng: np.random.Generator, fmt: tuple[int, Any, bool]) -> None:
+    """Repeated calls with one key take the cached plan: each still uses its own data, scales,
+    alpha / beta, out or not, split-K workspace and pointer alignment (the packed base one byte
+    off on odd calls: same shapes and strides, the byte-load variant)."""
+    from gemvx import cupy_ops
+
+    M, K = 130, 1024
+    for call in range(4):
+        q = random_quantized(rng, (M, K), fmt, "bfloat16")
+        flat = cp.zeros(q.packed.size + 1, q.packed.dtype)
+        off = call % 2
+        flat[off:off + q.packed.size] = cp.asarray(q.packed).ravel()
+        q_d = gemvx.QuantizedWeight(flat[off:off + q.packed.size].reshape(q.packed.shape),
+                                    cp.asarray(q.scales), None if q.zeros is None else cp.asarray(q.zeros),
+                                    bits=q.bits, group_size=q.group_size, K=K)
+        x = random_array(rng, (K,), "float16")
+        alpha, beta = (1.0, 0.0) if call < 2 else (0.5 + call, -1.5)
+        y_in = random_array(rng, (M,), "float16") if beta else None
+        before = len(cupy_ops._CACHE)
+        run_checked(cp, q, x, q_d=q_d, alpha=alpha, beta=beta, y_in=y_in)
+        if call > 0 and beta == 0.0:
+            assert len(cupy_ops._CACHE) == before, "the same key made a new plan"
+        y = gemvx.cupy_gemv(q_d, cp.asarray(x))  # same key without out
+        assert_gemv_close(cp.asnumpy(y), dequantize64(q), x)
+        y = gemvx.cupy_gemv(q_d, cp.asarray(x), config=(QUANT_CONFIGS[0]["id"], 3))
+        assert_gemv_close(cp.asnumpy(y), dequantize64(q), x)
+    assert any(k[0] == "quant" for k in cupy_ops._CACHE if isinstance(k, tuple) and k)
+
+
+# ---- the JAX door on the GPU ----------------------------------------------------------------------
+
+@JAX_GPU
+@pytest.mark.parametrize("fmt,x_dtype", cases(QUANT_FORMATS, QUANT_X_DTYPES), ids=qid)
+def test_jax_gpu_formats(rng: np.random.Generator, fmt: tuple[int, Any, bool], x_dtype: str) -> None:
+    import jax
+    import jax.numpy as jnp
+
+    q = random_quantized(rng, (300, 1031), fmt, "bfloat16")
+    x = random_array(rng, (1031,), x_dtype)
+    gpu = jax.devices("gpu")[0]
+    qj = jax.device_put(q.map(jnp.asarray), gpu)
+    y = jax.jit(lambda q, x: gemvx.gemv_ffi(q, x))(qj, jax.device_put(jnp.asarray(x), gpu))
+    assert_gemv_close(np.asarray(y), dequantize64(q), x)
+
+
+@JAX_GPU
+def test_jax_gpu_vmap_and_grad(rng: np.random.Generator) -> None:
+    import jax
+    import jax.numpy as jnp
+
+    q = random_quantized(rng, (200, 515), (4, 64, True), "float16")
+    X = random_array(rng, (12, 515), "float16")
+    gpu = jax.devices("gpu")[0]
+    qj = jax.device_put(q.map(jnp.asarray), gpu)
+    Xj = jax.device_put(jnp.asarray(X), gpu)
+    ys = jax.jit(jax.vmap(lambda x: gemvx.gemv_ffi(qj, x)))(Xj)
+    assert_gemv_close(np.asarray(ys), dequantize64(q), X)
+    g = jax.jit(jax.grad(lambda x: jnp.sum(gemvx.gemv_ffi(qj, x).astype(jnp.float32))))(Xj[0])
+    ref = dequantize64(q).sum(axis=0)
+    err = np.linalg.norm(np.asarray(g, np.float64) - ref) / np.linalg.norm(ref)
+    assert err < 4e-3, err
+    # on the GPU, as on the CPU target: the same result as the CuPy door would give
+    ycpu = gemvx.gemv_reference(q, X[0])
+    assert_gemv_close(ycpu, dequantize64(q), X[0])
