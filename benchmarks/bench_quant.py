@@ -38,9 +38,8 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench import (  # noqa: E402  (measurement helpers shared with the dense benchmark)
-    _dtype,
     _free_pools,
-    _from_f32,
+    _me,
     _short,
     _sync_all,
     device_info,
@@ -150,7 +149,7 @@ def bench_shape(ctx: dict, M: int, K: int) -> dict:
     import gemvx
 
     cp, args = ctx["cp"], ctx["args"]
-    xd = _dtype(args.x_dtype)
+    xd = _me().np_dtype(args.x_dtype)
     B = args.batch
     l2 = ctx["device"]["l2_bytes"]
     tol = TOL[args.x_dtype]
@@ -177,8 +176,8 @@ def bench_shape(ctx: dict, M: int, K: int) -> dict:
     dense_bytes = M * K * 2 + vec_bytes
     n = copies_for(dense_bytes, l2, free)
     log(f"[{M}x{K} batch {B} {args.x_dtype}] dense: {n} copies")
-    Ws = [_from_f32(cp, rs.standard_normal((M, K), dtype=cp.float32), xd) for _ in range(n)]
-    xs = [_from_f32(cp, rs.standard_normal(xshape, dtype=cp.float32), xd) for _ in range(n)]
+    Ws = [_me().from_f32(cp, rs.standard_normal((M, K), dtype=cp.float32), xd) for _ in range(n)]
+    xs = [_me().from_f32(cp, rs.standard_normal(xshape, dtype=cp.float32), xd) for _ in range(n)]
     ys = [cp.empty(yshape, xd) for _ in range(n)]
     ref = cp.empty(yshape, cp.float64)
     step = max(1, (256 << 20) // (8 * K))
@@ -210,7 +209,7 @@ def bench_shape(ctx: dict, M: int, K: int) -> dict:
         free, _ = cp.cuda.runtime.memGetInfo()
         n = copies_for(call_bytes, l2, free)
         qs = [random_quantized(cp, fmt, M, K, args.seed + 31 * i + 1) for i in range(n)]
-        xs = [_from_f32(cp, rs.standard_normal(xshape, dtype=cp.float32), xd) for _ in range(n)]
+        xs = [_me().from_f32(cp, rs.standard_normal(xshape, dtype=cp.float32), xd) for _ in range(n)]
         ys = [cp.empty(yshape, xd) for _ in range(n)]
         ref = quant_reference(cp, qs[0], xs[0])
         key = qs[0].check().table_key(args.x_dtype)
@@ -249,7 +248,7 @@ def bench_configs(ctx: dict, M: int, K: int) -> list[dict]:
     from gemvx._core import _ext
 
     cp, args = ctx["cp"], ctx["args"]
-    xd = _dtype(args.x_dtype)
+    xd = _me().np_dtype(args.x_dtype)
     B = args.batch
     l2 = ctx["device"]["l2_bytes"]
     xshape = (K,) if B == 1 else (B, K)
@@ -262,7 +261,7 @@ def bench_configs(ctx: dict, M: int, K: int) -> list[dict]:
         free, _ = cp.cuda.runtime.memGetInfo()
         n = copies_for(call_bytes, l2, free)
         qs = [q0] + [random_quantized(cp, fmt, M, K, args.seed + 31 * i + 1) for i in range(1, n)]
-        xs = [_from_f32(cp, rs.standard_normal(xshape, dtype=cp.float32), xd) for _ in range(n)]
+        xs = [_me().from_f32(cp, rs.standard_normal(xshape, dtype=cp.float32), xd) for _ in range(n)]
         ys = [cp.empty(xshape[:-1] + (M,), xd) for _ in range(n)]
         ref = quant_reference(cp, qs[0], xs[0])
         reps = args.reps or reps_for(n, call_bytes, args.quick)
@@ -389,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
     shapes = args.shapes or (QUICK_SHAPES if args.quick else DEFAULT_SHAPES)
     dev = device_info(cp)
     meta = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ"),
-            "device": dev, "versions": versions(cp),
+            "device": dev, "versions": versions(cp, False),
             "args": {k: (v if k != "formats" else [format_name(f) for f in v]) for k, v in vars(args).items()}}
     t0 = time.time()
     ctx = {"cp": cp, "args": args, "device": dev, "formats": args.formats}
