@@ -124,7 +124,8 @@ def _problem(p: Point) -> Any:
 
 def candidates(p: Point, *, all_configs: bool = False) -> list[tuple[int, int]]:
     """(config id, splits) pairs to time for a point, splits as the launcher will use them."""
-    cfgs = [c for c in compiled_configs() if c["layout"] == p.layout]
+    # Dense points only: the Quant family needs quantised W (its entries have their own keys).
+    cfgs = [c for c in compiled_configs() if c["layout"] == p.layout and not c.get("quant")]
     if not all_configs:
         want_multi = p.batch > 1
         sel = [c for c in cfgs if (int(c.get("max_vectors", 1)) > 1) == want_multi]
