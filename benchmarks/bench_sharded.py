@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     dtype = np.dtype(jnp.dtype(args.dtype))
     item = dtype.itemsize
     if args.platform == "gpu":
-        l2 = int(gemvx.device_properties(0)["l2_bytes"])
+        l2 = int(gemvx._core.device_properties(0)["l2_bytes"])
     else:
         l2 = 32 << 20
     shard_bytes = (M // D) * K * item  # the smallest share of one W copy, on D devices
