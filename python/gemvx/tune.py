@@ -373,7 +373,11 @@ def _tune_points(cp: Any, props: dict, points: list[Point], cands: list[list],
                 break
             pl = timing_plan(p, props["l2_bytes"])
             dt = me.np_dtype(p.dtype)
-            rs = cp.random.RandomState(DTYPE_CODES[p.dtype] * 1000003 + p.M * 7919 + p.K)
+            # Seeded per point, batch included: the batches of one shape share W, and an x drawn
+            # from W's seed would repeat W's first rows (y[v] = |W_v|^2 overflows float16 at
+            # K = 65536, and every candidate would fail its check).
+            rs = cp.random.RandomState(DTYPE_CODES[p.dtype] * 1000003 + p.M * 7919 + p.K
+                                       + 104729 * p.batch)
             if w_key != (p.dtype, p.layout, p.M, p.K) or Ws.shape[0] < pl.reps:
                 Ws = None
                 cp.get_default_memory_pool().free_all_blocks()
