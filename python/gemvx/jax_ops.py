@@ -249,9 +249,23 @@ def _partitioned(alpha: float, beta: float, transpose: bool, config: Any,
 
     rule, kinds = _partition.sharding_rule(roles, out_roles)
     f = custom_partitioning(local)
-    f.def_partition(partition=partition, infer_sharding_from_operands=infer, sharding_rule=rule,
-                    **kinds)
+    extra = {"sharding_rule": rule, **kinds}
+    if not set(extra) <= _def_partition_keywords():
+        # An older jax without Shardy sharding rules (or without these factor kinds): the GSPMD
+        # callbacks alone, which is what its partitioner uses.
+        extra = {}
+    f.def_partition(partition=partition, infer_sharding_from_operands=infer, **extra)
     return f
+
+
+@functools.lru_cache(maxsize=None)
+def _def_partition_keywords() -> frozenset:
+    """The keyword arguments this jax's custom_partitioning.def_partition accepts."""
+    import inspect
+
+    from jax.experimental.custom_partitioning import custom_partitioning
+
+    return frozenset(inspect.signature(custom_partitioning.def_partition).parameters)
 
 
 def _lift(a: Any, batched: bool, core_nd: int, rank: int, n: int) -> Any:

@@ -142,7 +142,11 @@ def register_jax_pytree() -> None:
     jax.tree_util.register_pytree_node(QuantizedWeight, flatten, unflatten)
     # jax.export can then serialize functions that take a QuantizedWeight (the static fields go
     # into the artifact as JSON)
-    register = getattr(getattr(jax, "export", None), "register_pytree_node_serialization", None)
+    try:
+        from jax import export as jax_export
+    except ImportError:  # a jax without jax.export
+        jax_export = None
+    register = getattr(jax_export, "register_pytree_node_serialization", None)
     if register is not None:
         import json
 
