@@ -130,10 +130,11 @@ def test_matrix_batches(cp: Any, rng: np.random.Generator, w_batch: tuple[int, .
 # ---- every config: aligned and unaligned, split-K, tails ------------------------------------------
 
 def _config_shape(cfg: dict[str, Any], bits: int, splits: int) -> tuple[int, int]:
-    """(M, K): K long enough for every split to run a full unrolled step of every lane, plus a
-    partial chunk (a tail); M not a multiple of the block's rows."""
+    """(M, K): K long enough for every split to run two or more full unrolled steps of every
+    lane (both register sets of the pipelined loop), plus leftover chunks and a partial chunk (a
+    tail); M not a multiple of the block's rows."""
     per_chunk = 32 if bits == 4 else 16
-    return 45, splits * cfg["p1"] * cfg["unroll"] * per_chunk + 2 * per_chunk + 5
+    return 45, (2 * splits + 1) * cfg["p1"] * cfg["unroll"] * per_chunk + 2 * per_chunk + 5
 
 
 def _padded(cp: Any, a: np.ndarray, aligned: bool) -> Any:
@@ -149,20 +150,26 @@ def _padded(cp: Any, a: np.ndarray, aligned: bool) -> Any:
     return flat[1:].reshape(a.shape)
 
 
+# Groups shorter than the 4 chunks a quad feeds into one mma (int4 g < 128, int8 g < 64) scale
+# each weight before the mma; longer groups and per-channel scales scale the mma's tile after it.
+GROUP_BY_KIND = {(4, "pre"): 64, (4, "post"): 128, (8, "pre"): 32, (8, "post"): None}
+
+
 @GPU
-@pytest.mark.parametrize("cfg_id,bits,x_dtype,splits,aligned", cases(
-    [c["id"] for c in QUANT_CONFIGS], (4, 8), QUANT_X_DTYPES, (1, 3), (True, False)))
+@pytest.mark.parametrize("cfg_id,bits,x_dtype,splits,aligned,scaling", cases(
+    [c["id"] for c in QUANT_CONFIGS], (4, 8), QUANT_X_DTYPES, (1, 3), (True, False), ("pre", "post")))
 def test_every_config(cp: Any, rng: np.random.Generator, cfg_id: int, bits: int, x_dtype: str,
-                      splits: int, aligned: bool) -> None:
+                      splits: int, aligned: bool, scaling: str) -> None:
     cfg = next(c for c in QUANT_CONFIGS if c["id"] == cfg_id)
     M, K = _config_shape(cfg, bits, splits)
     B = cfg["max_vectors"] + 3  # a full chunk of vectors and a partial one
-    fmt = (bits, 64, bits == 4)
+    group = GROUP_BY_KIND[bits, scaling]
+    fmt = (bits, group, bits == 4)
     q = random_quantized(rng, (M, K), fmt, "float16")
     x = random_array(rng, (B, K), x_dtype)
     q_d = gemvx.QuantizedWeight(_padded(cp, q.packed, aligned), cp.asarray(q.scales),
                                 None if q.zeros is None else cp.asarray(q.zeros), bits=bits,
-                                group_size=64, K=K)
+                                group_size=group, K=K)
     x_d = _padded(cp, x, aligned)
     # the test exercises what it says: the 16-byte loads or not, every split used
     spec, dtype, plan, _a, beta = _plan.check_quant_call(q_d, x_d, None, 1.0, 0.0, False)

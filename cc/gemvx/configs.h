@@ -22,7 +22,8 @@
 //   Quant      (layout N, weight-only quantised W: int8, or int4 packed two per byte along K;
 //              tensor-core mma.m16n8k16 with fp32 accumulation): P1 = lanes that walk a row, four
 //              per warp (P1 / 4 warps split K for the same 16 rows), P2 = 16-row tiles per warp,
-//              UNROLL = 16-byte chunks of packed W per lane and row in flight, NV = 8 or 16
+//              UNROLL = 16-byte chunks of packed W per lane and row per step (two steps in
+//              flight: the next step loads during this one's math), NV = 8 or 16
 //              vectors per pass over W (one mma n-tile per 8). Compiled for int4 and int8 W with
 //              float16 and bfloat16 x (scale dtype and zero points are run-time arguments). Quant
 //              ids start at 100 so the dense families can keep appending below them.
@@ -89,4 +90,8 @@
   X(103, Quant, 128, 16, 1, 2, 8)             \
   X(104, Quant, 256, 32, 1, 2, 8)             \
   X(105, Quant, 128, 4, 1, 2, 16)             \
-  X(106, Quant, 128, 16, 1, 2, 16)
+  X(106, Quant, 128, 16, 1, 2, 16)            \
+  X(107, Quant, 128, 4, 1, 1, 8)              \
+  X(108, Quant, 128, 16, 1, 1, 8)             \
+  X(109, Quant, 256, 8, 1, 2, 8)              \
+  X(110, Quant, 64, 4, 1, 2, 8)

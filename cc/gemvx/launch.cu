@@ -135,6 +135,9 @@ using TransposedMma = TransposedFamily<true, THREADS, CB, P2, U, NV>;
 // accumulation (kernels/gemv_quant.cuh). P1 = lanes that walk a row (4 per warp: P1 / 4 warps
 // split K for the same rows), R = 16-row m-tiles per warp, U = chunks per lane in flight, NV =
 // vectors per pass over W (8 per n-tile).
+// QuantArgs::group_shift of one scale per row (every k in group 0).
+constexpr int kPerRowShift = 62;
+
 template <int THREADS, int P1, int R, int U, int NV>
 struct Quant {
   static constexpr bool kTrans = false;
@@ -147,9 +150,20 @@ struct Quant {
   static int64_t min_units_per_split() { return int64_t(P1) * U; }
   static int64_t round_span(int64_t s) { return (s + P1 - 1) / P1 * P1; }
   static int64_t grid_x(const Problem& p, int) { return (p.M + kRows - 1) / kRows; }
+  // How the scales are applied (kernels/gemv_quant.cuh): once per row, per chunk tile when a
+  // group spans the 4 chunks of a quad, else per weight pair (always, in the unaligned variant).
   template <typename T, int BITS, bool VEC>
   static void launch(dim3 grid, cudaStream_t s, const kernels::QuantArgs& q) {
-    launch_kernel(kernels::gemv_quant<T, BITS, THREADS, P1, R, U, NV, VEC>, grid, THREADS, s, q);
+    using kernels::Scaling;
+    constexpr int kQuadShift = BITS == 4 ? 7 : 6;  // log2(4 chunks x 32 or 16 values)
+    if constexpr (!VEC)
+      launch_kernel(kernels::gemv_quant<T, BITS, THREADS, P1, R, U, NV, false, Scaling::kPre>, grid, THREADS, s, q);
+    else if (q.group_shift >= kPerRowShift)
+      launch_kernel(kernels::gemv_quant<T, BITS, THREADS, P1, R, U, NV, true, Scaling::kRow>, grid, THREADS, s, q);
+    else if (q.group_shift >= kQuadShift)
+      launch_kernel(kernels::gemv_quant<T, BITS, THREADS, P1, R, U, NV, true, Scaling::kGroup>, grid, THREADS, s, q);
+    else
+      launch_kernel(kernels::gemv_quant<T, BITS, THREADS, P1, R, U, NV, true, Scaling::kPre>, grid, THREADS, s, q);
   }
 };
 
@@ -310,7 +324,7 @@ Status run_quant_typed(const Problem& p, int requested_splits, void* ws, std::si
   q.z_group = p.z_group;
   int shift = 0;
   while (p.group_size > 0 && (int64_t(1) << shift) < p.group_size) ++shift;
-  q.group_shift = p.group_size > 0 ? shift : 62;  // per channel: every k in group 0
+  q.group_shift = p.group_size > 0 ? shift : kPerRowShift;  // per channel: every k in group 0
   q.scale_dtype = int32_t(p.scale_dtype);
   return run_grid<Fam, T>(p, vec, requested_splits, ws, ws_size, stream, q.a, [&](dim3 grid) {
     if (vec)

@@ -277,27 +277,35 @@ def fallback_quant_rules(dtype: str, batch: int, M: int, K: int, sm_count: int) 
     """Config and splits for a quantised call (``dtype`` a quantised key) with no table entry.
 
     Quant configs give each warp 16 rows (one mma tile) and up to 8 (or 16) vectors. A batch of
-    more than 8 vectors takes the 16-vector configs. Enough rows for two blocks per SM take the
-    64-rows-per-block config (every warp its own rows); fewer rows take the configs whose warps
-    split K on 16 rows (8 warps when even one block per SM is out of reach). K is then split
-    (fixed-order second pass) until about four blocks per SM run, as far as every split keeps
-    one full unrolled step per lane.
+    more than 8 vectors takes the 16-vector configs. Otherwise (from the config sweep of
+    ``benchmarks/bench_quant.py --configs`` on an H200, batch 1, 4096^2 to 128256 x 4096):
+    groups scaled before the mma (int4 g < 128, int8 g < 64) take two warps on 32 rows with two
+    chunks a step (config 110); longer groups and per-row scales take four warps splitting K on 16
+    rows, one chunk a step (108), except int4 with too few rows for two blocks per SM, which takes
+    eight warps on 16 rows (104, never split: its warps already split K). K is then split
+    (fixed-order second pass) until about four blocks per SM run, as far as every split keeps one
+    full unrolled step per lane.
     """
     m = QUANT_KEY.match(dtype)
     if m is None:
         raise ValueError(f"gemvx: {dtype!r} is not a quantised dtype key")
-    per_chunk = 32 if m.group(1) == "4" else 16  # K values per 16-byte chunk of packed W
+    bits = int(m.group(1))
+    per_chunk = 32 if bits == 4 else 16  # K values per 16-byte chunk of packed W
+    group = None if m.group(3) is None else int(m.group(3))
+    scaled_before = group is not None and group < 4 * per_chunk  # kernels/gemv_quant.cuh: kPre
     cfgs = config_by_id()
     tiles = math.ceil(M / 16)
     if batch > 8:
         cid = 105 if tiles >= 8 * sm_count else 106
-    elif tiles >= 8 * sm_count:
-        cid = 100
-    elif tiles >= sm_count:
-        cid = 103
-    else:
+    elif scaled_before:
+        cid = 110
+    elif bits == 4 and tiles < 2 * sm_count:
         cid = 104
+    else:
+        cid = 108
     c = cfgs[cid]
+    if cid == 104:
+        return cid, 1
     rows_per_block = c["threads"] // 32 // (c["p1"] // 4) * 16 * c["p2"]
     blocks = math.ceil(M / rows_per_block) * math.ceil(batch / c["max_vectors"])
     want = 4 * sm_count

@@ -16,16 +16,21 @@
 // mma with the values of its own chunk in the order the bit tricks produce them, and builds its B
 // fragment (x) in the same order: no shuffles between lanes.
 //
-// Dequantisation is lookup-free and exact up to the final rounding to x's dtype:
-//   int4: (w >> 4j) & 0x000F000F | magic puts two nibbles into the mantissas of two halves of
-//         1024.0 (fp16, 0x6400) or 128.0 (bf16, 0x4300), i.e. the values magic + q exactly; one
-//         half2 subtraction of (magic + z) gives q - z exactly, one half2 multiply applies s.
+// Dequantisation is lookup-free and exact: every code becomes the integer q - z in x's dtype.
+//   int4: (w & 0x000F000F) | magic puts two nibbles into the mantissas of two halves of 1024.0
+//         (fp16, 0x6400) or 128.0 (bf16, 0x4300), i.e. the values magic + q exactly, and one half2
+//         subtraction of (magic + z) gives q - z. fp16 leaves the odd nibbles at bits 4..7 (the
+//         value 1024 + 16 q) and takes them down with one exact half2 fma by 1/16, so a word of
+//         8 codes costs one shift; bf16 (7 mantissa bits) shifts each nibble down.
 //   int8: fp16: a byte permute places (b ^ 0x80) = b + 128 into the mantissa of 1024.0;
 //         subtracting 1152 gives b exactly. bf16 has too few mantissa bits for 8-bit values, so
 //         the byte goes into the mantissa of 2^23 (fp32), 2^23 + 128 is subtracted, and the exact
 //         float is truncated to bf16 (exact: |b| <= 128 needs 8 significant bits).
-// The scale is converted to x's dtype once per group, so a weight enters the mma as
-// round((q - z) * s) in x's dtype; products and sums are fp32 in the tensor core.
+// Scales: when a group spans at least the 4 chunks that a quad feeds into one mma (int4 g >= 128,
+// int8 g >= 64, or one scale per row), the mmas take q - z and each chunk's fp32 tile is scaled
+// in fp32 (POST): y = sum over groups of s * sum (q - z) x, all in fp32. Smaller groups scale
+// every pair in x's dtype before the mma (one half2 multiply, the scale rounded to x's dtype once
+// per group), so a weight enters the mma as round((q - z) * s).
 //
 // Full chunks are loaded with 16-byte stream loads (VEC, when W rows and x are 16-byte aligned)
 // or byte / element loads otherwise; the last partial chunk of a row (K not a multiple of the
@@ -92,19 +97,28 @@ struct PairOps {
   static __device__ __forceinline__ uint32_t mul(uint32_t a, uint32_t b) {
     return bits_of(__hmul2(pair(a), pair(b)));
   }
+  static __device__ __forceinline__ uint32_t fma(uint32_t a, uint32_t b, uint32_t c) {
+    return bits_of(__hfma2(pair(a), pair(b), pair(c)));
+  }
 };
 
 template <>
 struct QuantMath<__half> : PairOps<__half2> {
   static constexpr uint32_t kMagic = 0x64006400u;  // (1024, 1024): ulp 1, room for 10 bits
-  static constexpr float kMagicValue = 1024.0f;
   static __device__ __forceinline__ uint32_t splat(float v) { return bits_of(__float2half2_rn(v)); }
-  // Four signed bytes -> two pairs (k0, k1), (k2, k3), scaled.
-  static __device__ __forceinline__ void int8x4(uint32_t w, uint32_t s2, uint32_t (&p)[2]) {
+  // Biases for int4x8: (1024 + z) for the low nibbles, -(64 + z) for the high ones.
+  static __device__ __forceinline__ void int4_bias(uint32_t zp, uint32_t& lo, uint32_t& hi) {
+    const uint32_t b = 0x6400u + zp;          // 1024 + z (ulp 1)
+    const uint32_t nb = 0xD400u + 16 * zp;    // -(64 + z) (ulp 1/16 in [64, 128))
+    lo = b | (b << 16);
+    hi = nb | (nb << 16);
+  }
+  // Four signed bytes -> two pairs (k0, k1), (k2, k3), exact.
+  static __device__ __forceinline__ void int8x4(uint32_t w, uint32_t (&p)[2]) {
     const uint32_t u = w ^ 0x80808080u;  // b + 128, as unsigned bytes
     constexpr uint32_t kBias = 0x64806480u;  // (1152, 1152) = 1024 + 128
-    p[0] = mul(sub(__byte_perm(u, 0x64646464u, 0x4140), kBias), s2);
-    p[1] = mul(sub(__byte_perm(u, 0x64646464u, 0x4342), kBias), s2);
+    p[0] = sub(__byte_perm(u, 0x64646464u, 0x4140), kBias);
+    p[1] = sub(__byte_perm(u, 0x64646464u, 0x4342), kBias);
   }
   static __device__ __forceinline__ void mma(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
                                              uint32_t a3, uint32_t b0, uint32_t b1) {
@@ -115,19 +129,24 @@ struct QuantMath<__half> : PairOps<__half2> {
 template <>
 struct QuantMath<__nv_bfloat16> : PairOps<__nv_bfloat162> {
   static constexpr uint32_t kMagic = 0x43004300u;  // (128, 128): ulp 1, room for 7 bits
-  static constexpr float kMagicValue = 128.0f;
   static __device__ __forceinline__ uint32_t splat(float v) {
     return bits_of(__float2bfloat162_rn(v));
   }
-  static __device__ __forceinline__ void int8x4(uint32_t w, uint32_t s2, uint32_t (&p)[2]) {
+  // Bias for int4x8: (128 + z) (bf16 shifts every nibble down; no high-nibble bias).
+  static __device__ __forceinline__ void int4_bias(uint32_t zp, uint32_t& lo, uint32_t& hi) {
+    const uint32_t b = 0x4300u + zp;  // 128 + z (ulp 1)
+    lo = b | (b << 16);
+    hi = 0u;
+  }
+  static __device__ __forceinline__ void int8x4(uint32_t w, uint32_t (&p)[2]) {
     const uint32_t u = w ^ 0x80808080u;
     float f[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i)  // 2^23 + (b + 128), exactly; minus 2^23 + 128
       f[i] = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7440 + i)) - 8388736.0f;
     // the upper halves of the exact floats are their bf16 values
-    p[0] = mul(__byte_perm(__float_as_uint(f[0]), __float_as_uint(f[1]), 0x7632), s2);
-    p[1] = mul(__byte_perm(__float_as_uint(f[2]), __float_as_uint(f[3]), 0x7632), s2);
+    p[0] = __byte_perm(__float_as_uint(f[0]), __float_as_uint(f[1]), 0x7632);
+    p[1] = __byte_perm(__float_as_uint(f[2]), __float_as_uint(f[3]), 0x7632);
   }
   static __device__ __forceinline__ void mma(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
                                              uint32_t a3, uint32_t b0, uint32_t b1) {
@@ -135,13 +154,37 @@ struct QuantMath<__nv_bfloat16> : PairOps<__nv_bfloat162> {
   }
 };
 
-// One word of 8 int4 values (k = 0..7, low nibble first) -> four scaled pairs in the order
-// (0, 4), (1, 5), (2, 6), (3, 7). bias2 = magic + zero point in both halves.
+// (w & MASK) | c in one LOP3. Written out because the compiler, seeing two constants, spends two
+// LOP3s on it (a LOP3 takes one immediate); with c in a register it is one.
+template <uint32_t MASK>
+__device__ __forceinline__ uint32_t and_or(uint32_t w, uint32_t c) {
+  uint32_t r;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(w), "n"(MASK), "r"(c));
+  return r;
+}
+
+// One word of 8 int4 codes (k = 0..7, low nibble first) -> four pairs of (q - z), exact, in the
+// order (0, 4), (1, 5), (2, 6), (3, 7). magic = Q::kMagic (held in a register by the caller);
+// bias_lo / bias_hi come from Q::int4_bias for the zero point.
 template <typename T>
-__device__ __forceinline__ void int4x8(uint32_t w, uint32_t bias2, uint32_t s2, uint32_t (&e)[4]) {
+__device__ __forceinline__ void int4x8(uint32_t w, uint32_t magic, uint32_t bias_lo, uint32_t bias_hi,
+                                       uint32_t (&e)[4]) {
   using Q = QuantMath<T>;
+  if constexpr (std::is_same_v<T, __half>) {
+    // fp16 has 10 mantissa bits: the odd nibbles stay in place (bits 4..7, i.e. 16 q) and are
+    // brought down by an exact fma with 1/16: (1024 + 16 q) / 16 - (64 + z) = q - z. One shift
+    // per word instead of three.
+    constexpr uint32_t kSixteenth = 0x2C002C00u;  // (1/16, 1/16)
+    const uint32_t w8 = w >> 8;
+    e[0] = Q::sub(and_or<0x000F000Fu>(w, magic), bias_lo);
+    e[1] = Q::fma(and_or<0x00F000F0u>(w, magic), kSixteenth, bias_hi);
+    e[2] = Q::sub(and_or<0x000F000Fu>(w8, magic), bias_lo);
+    e[3] = Q::fma(and_or<0x00F000F0u>(w8, magic), kSixteenth, bias_hi);
+  } else {
+    // bf16 has 7: 16 q would reach the exponent, so every nibble is shifted down to bits 0..3.
 #pragma unroll
-  for (int j = 0; j < 4; ++j) e[j] = Q::mul(Q::sub(((w >> (4 * j)) & 0x000F000Fu) | Q::kMagic, bias2), s2);
+    for (int j = 0; j < 4; ++j) e[j] = Q::sub(and_or<0x000F000Fu>(w >> (4 * j), magic), bias_lo);
+  }
 }
 
 __device__ __forceinline__ float load_scale(const void* s, int64_t i, int32_t dtype) {
@@ -155,11 +198,24 @@ __device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
-template <typename T, int BITS, int THREADS, int P1, int R, int U, int NV, bool VEC>
+// How the scales are applied; the launcher picks from the group size (and alignment).
+//   kPre:   every weight pair is scaled in x's dtype before the mma (any group size; the only mode
+//           of the unaligned variant).
+//   kGroup: the group spans the 4 chunks a quad feeds into one mma: the mmas take the exact
+//           integers q - z and each chunk's tile is scaled in fp32 (acc += s * tile), one FFMA
+//           per accumulator instead of a half2 multiply per weight pair.
+//   kRow:   one scale (and zero point) per row: loaded once, the sum of q - z times x is scaled
+//           at the end.
+enum class Scaling { kPre, kGroup, kRow };
+
+// The loop is software-pipelined: the next step's chunks (W, scales, zero points) are loaded
+// into a second set of registers before the current step's math.
+template <typename T, int BITS, int THREADS, int P1, int R, int U, int NV, bool VEC, Scaling S>
 __global__ void __launch_bounds__(THREADS) gemv_quant(const QuantArgs q) {
   static_assert(BITS == 4 || BITS == 8, "int4 or int8 weights");
   static_assert(P1 % 4 == 0 && (THREADS / 32) % (P1 / 4) == 0, "P1 / 4 warps must divide the block");
   static_assert(NV % 8 == 0, "vectors come in n-tiles of 8");
+  static_assert(VEC || S == Scaling::kPre, "the unaligned variant scales before the mma");
   using Q = QuantMath<T>;
   constexpr int WK = P1 / 4;                // warps that split K for the same rows
   constexpr int ROW_WARPS = THREADS / 32 / WK;
@@ -167,6 +223,7 @@ __global__ void __launch_bounds__(THREADS) gemv_quant(const QuantArgs q) {
   constexpr int NB = NV / 8;                // n-tiles
   constexpr int E = BITS == 4 ? 32 : 16;    // K values per 16-byte chunk
   constexpr int XQ = E * 2 / 16;            // 16-byte pieces of x per chunk
+  constexpr int MMAS = BITS == 4 ? 8 : 4;   // mmas per chunk, m-tile and n-tile
   const Args& a = q.a;
   pdl_wait();
 
@@ -211,28 +268,45 @@ __global__ void __launch_bounds__(THREADS) gemv_quant(const QuantArgs q) {
     xv[nb] = X + int64_t(has_x[nb] ? v : 0) * a.x_vec;
   }
 
-  float acc[R][NB][4];
+  // kRow: the rows' one scale and zero point (group 0).
+  float row_s[R][2];
+  uint32_t row_blo[R][2], row_bhi[R][2];
+  if constexpr (S == Scaling::kRow) {
+#pragma unroll
+    for (int rt = 0; rt < R; ++rt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        row_s[rt][h] = load_scale(q.scales, srow[rt][h], q.scale_dtype);
+        if constexpr (BITS == 4)
+          Q::int4_bias(q.zeros == nullptr ? 8u : uint32_t(__ldg(q.zeros + zrow[rt][h])) & 15u,
+                       row_blo[rt][h], row_bhi[rt][h]);
+      }
+  }
+  const uint32_t magic = Q::kMagic;
+
+  // Two accumulator sets per tile (even and odd words of a chunk) halve the chain of dependent
+  // mmas; they are added at the end.
+  float acc[R][NB][2][4];
 #pragma unroll
   for (int rt = 0; rt < R; ++rt)
 #pragma unroll
     for (int nb = 0; nb < NB; ++nb)
 #pragma unroll
-      for (int j = 0; j < 4; ++j) acc[rt][nb][j] = 0.0f;
+      for (int j = 0; j < 8; ++j) acc[rt][nb][j / 4][j % 4] = 0.0f;
 
-  // One chunk of this lane: the packed W of two rows per m-tile, their scales and zero points,
-  // and x for its vectors.
+  // One chunk of this lane: the packed W of two rows per m-tile, their scales and zero points.
   struct Chunk {
     uint4 w[R][2];
     float s[R][2];
     uint32_t zp[R][2];
-    uint4 x[NB][XQ];
   };
   const uint4 zero4 = make_uint4(0u, 0u, 0u, 0u);
 
-  // Loads chunk c. FULL: in bounds for every lane. EDGE: the last, partial chunk of the rows
-  // (element loads, zeros past K). Otherwise `valid` says whether this lane has a chunk at all.
-  auto fetch = [&](Chunk& ch, int64_t c, bool valid, bool edge) {
-    const int64_t grp = (c * E) >> q.group_shift;
+  // Loads chunk c (if `valid`) and the scales / zero points of the group of chunk sc (if
+  // `svalid`; kGroup: the quad's first chunk, whose group the whole quad shares). EDGE: the last,
+  // partial chunk of the rows (element loads, zeros past K).
+  auto fetch = [&](Chunk& ch, int64_t c, bool valid, int64_t sc, bool svalid, bool edge) {
+    const int64_t grp = (sc * E) >> q.group_shift;
 #pragma unroll
     for (int rt = 0; rt < R; ++rt)
 #pragma unroll
@@ -250,18 +324,26 @@ __global__ void __launch_bounds__(THREADS) gemv_quant(const QuantArgs q) {
           }
           ch.w[rt][h] = make_uint4(wd[0], wd[1], wd[2], wd[3]);
         }
-        ch.s[rt][h] = valid ? load_scale(q.scales, srow[rt][h] + grp, q.scale_dtype) : 0.0f;
-        if constexpr (BITS == 4)
-          ch.zp[rt][h] = !valid || q.zeros == nullptr ? 8u : uint32_t(__ldg(q.zeros + zrow[rt][h] + grp)) & 15u;
+        if constexpr (S != Scaling::kRow) {
+          ch.s[rt][h] = svalid ? load_scale(q.scales, srow[rt][h] + grp, q.scale_dtype) : 0.0f;
+          if constexpr (BITS == 4)
+            ch.zp[rt][h] = !svalid || q.zeros == nullptr ? 8u : uint32_t(__ldg(q.zeros + zrow[rt][h] + grp)) & 15u;
+        }
       }
+  };
+
+  // x for chunk c of this lane's vectors (zeros where `valid` is false or past K), loaded when the
+  // chunk is consumed: it is small and hot in L1, and keeping it out of the pipelined registers
+  // leaves room for more W in flight.
+  auto fetch_x = [&](uint4 (&xq)[NB][XQ], int64_t c, bool valid, bool edge) {
 #pragma unroll
     for (int nb = 0; nb < NB; ++nb) {
       if (!valid || !has_x[nb]) {
 #pragma unroll
-        for (int i = 0; i < XQ; ++i) ch.x[nb][i] = zero4;
+        for (int i = 0; i < XQ; ++i) xq[nb][i] = zero4;
       } else if (VEC && !edge) {
 #pragma unroll
-        for (int i = 0; i < XQ; ++i) ch.x[nb][i] = load_keep(reinterpret_cast<const uint4*>(xv[nb] + c * E) + i);
+        for (int i = 0; i < XQ; ++i) xq[nb][i] = load_keep(reinterpret_cast<const uint4*>(xv[nb] + c * E) + i);
       } else {
         uint32_t xw[E / 2];
 #pragma unroll
@@ -272,21 +354,22 @@ __global__ void __launch_bounds__(THREADS) gemv_quant(const QuantArgs q) {
           xw[e / 2] = lo | (hi << 16);
         }
 #pragma unroll
-        for (int i = 0; i < XQ; ++i) ch.x[nb][i] = make_uint4(xw[4 * i], xw[4 * i + 1], xw[4 * i + 2], xw[4 * i + 3]);
+        for (int i = 0; i < XQ; ++i) xq[nb][i] = make_uint4(xw[4 * i], xw[4 * i + 1], xw[4 * i + 2], xw[4 * i + 3]);
       }
     }
   };
 
-  // Dequantises a chunk and runs its mmas (8 per m-tile and n-tile for int4, 4 for int8).
-  auto consume = [&](const Chunk& ch) {
+  // Dequantises a chunk and runs its mmas.
+  auto consume = [&](const Chunk& ch, int64_t c, bool valid, bool edge) {
+    uint4 xq[NB][XQ];
+    fetch_x(xq, c, valid, edge);
     // B fragments, in the k order of the A pairs.
-    constexpr int MMAS = BITS == 4 ? 8 : 4;
     uint32_t b[NB][MMAS][2];
 #pragma unroll
     for (int nb = 0; nb < NB; ++nb) {
       uint32_t xw[4 * XQ];
 #pragma unroll
-      for (int i = 0; i < 4 * XQ; ++i) xw[i] = word_of(ch.x[nb][i / 4], i % 4);
+      for (int i = 0; i < 4 * XQ; ++i) xw[i] = word_of(xq[nb][i / 4], i % 4);
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         if constexpr (BITS == 4) {  // W word i covers k = 8i..8i+7; pairs (8i+j, 8i+j+4)
@@ -302,62 +385,132 @@ __global__ void __launch_bounds__(THREADS) gemv_quant(const QuantArgs q) {
     }
 #pragma unroll
     for (int rt = 0; rt < R; ++rt) {
-      uint32_t s2[2], bias2[2];
+      uint32_t s2[2], bias_lo[2], bias_hi[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        s2[h] = Q::splat(ch.s[rt][h]);
-        if constexpr (BITS == 4) bias2[h] = Q::splat(Q::kMagicValue + float(ch.zp[rt][h]));
+        if constexpr (S == Scaling::kPre) s2[h] = Q::splat(ch.s[rt][h]);
+        if constexpr (BITS == 4 && S == Scaling::kRow) {
+          bias_lo[h] = row_blo[rt][h];
+          bias_hi[h] = row_bhi[rt][h];
+        } else if constexpr (BITS == 4) {
+          Q::int4_bias(ch.zp[rt][h], bias_lo[h], bias_hi[h]);
+        }
       }
+      // kGroup: this chunk's tile, scaled into acc below; otherwise the mmas add into acc.
+      float tile[NB][2][4];
+#pragma unroll
+      for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) tile[nb][j / 4][j % 4] = 0.0f;
+      auto target = [&](int nb, int i) -> float(&)[4] {
+        return S == Scaling::kGroup ? tile[nb][i % 2] : acc[rt][nb][i % 2];
+      };
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         if constexpr (BITS == 4) {
           uint32_t lo[4], hi[4];
-          int4x8<T>(word_of(ch.w[rt][0], i), bias2[0], s2[0], lo);
-          int4x8<T>(word_of(ch.w[rt][1], i), bias2[1], s2[1], hi);
+          int4x8<T>(word_of(ch.w[rt][0], i), magic, bias_lo[0], bias_hi[0], lo);
+          int4x8<T>(word_of(ch.w[rt][1], i), magic, bias_lo[1], bias_hi[1], hi);
+          if constexpr (S == Scaling::kPre) {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+              lo[j] = Q::mul(lo[j], s2[0]);
+              hi[j] = Q::mul(hi[j], s2[1]);
+            }
+          }
 #pragma unroll
           for (int nb = 0; nb < NB; ++nb) {
-            Q::mma(acc[rt][nb], lo[0], hi[0], lo[1], hi[1], b[nb][2 * i][0], b[nb][2 * i][1]);
-            Q::mma(acc[rt][nb], lo[2], hi[2], lo[3], hi[3], b[nb][2 * i + 1][0], b[nb][2 * i + 1][1]);
+            Q::mma(target(nb, i), lo[0], hi[0], lo[1], hi[1], b[nb][2 * i][0], b[nb][2 * i][1]);
+            Q::mma(target(nb, i), lo[2], hi[2], lo[3], hi[3], b[nb][2 * i + 1][0], b[nb][2 * i + 1][1]);
           }
         } else {
           uint32_t lo[2], hi[2];
-          Q::int8x4(word_of(ch.w[rt][0], i), s2[0], lo);
-          Q::int8x4(word_of(ch.w[rt][1], i), s2[1], hi);
+          Q::int8x4(word_of(ch.w[rt][0], i), lo);
+          Q::int8x4(word_of(ch.w[rt][1], i), hi);
+          if constexpr (S == Scaling::kPre) {
 #pragma unroll
-          for (int nb = 0; nb < NB; ++nb) Q::mma(acc[rt][nb], lo[0], hi[0], lo[1], hi[1], b[nb][i][0], b[nb][i][1]);
+            for (int j = 0; j < 2; ++j) {
+              lo[j] = Q::mul(lo[j], s2[0]);
+              hi[j] = Q::mul(hi[j], s2[1]);
+            }
+          }
+#pragma unroll
+          for (int nb = 0; nb < NB; ++nb) Q::mma(target(nb, i), lo[0], hi[0], lo[1], hi[1], b[nb][i][0], b[nb][i][1]);
         }
+      }
+      if constexpr (S == Scaling::kGroup) {
+        // C fragment: [0..1] row g, [2..3] row g + 8.
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+          for (int j = 0; j < 4; ++j) acc[rt][nb][0][j] = fmaf(ch.s[rt][j / 2], tile[nb][0][j] + tile[nb][1][j], acc[rt][nb][0][j]);
       }
     }
   };
 
-  // Full chunks of this split; every lane of the warp runs the same number of steps (mma.sync is
-  // warp-collective), lanes without a chunk in the last step feed zeros.
+  // Full chunks of this split, in steps of UL chunks per lane; every lane of the warp runs the
+  // same number of steps (mma.sync is warp-collective), lanes without a chunk feed zeros. A quad
+  // (4 lanes) takes 4 consecutive chunks starting at a multiple of 4 (split spans are multiples
+  // of P1), so with kGroup its chunks share one group.
   const int64_t nfull = a.K / E;
   const int64_t c_begin = min(int64_t(split) * a.split_span, nfull);
   const int64_t c_end = min(c_begin + a.split_span, nfull);
-  // The unaligned variant (byte loads) keeps one chunk in flight: its loads are many and narrow.
+  // The unaligned variant (byte loads) keeps one chunk per step: its loads are many and narrow.
   constexpr int UL = VEC ? U : 1;
+  constexpr int64_t STEP = int64_t(P1) * UL;
+  auto fetch_step = [&](Chunk (&ch)[UL], int64_t cb) {
+#pragma unroll
+    for (int u = 0; u < UL; ++u) {
+      const int64_t c = cb + u * P1 + L;
+      fetch(ch[u], c, true, S == Scaling::kGroup ? c - t : c, true, false);
+    }
+  };
+  auto consume_step = [&](const Chunk (&ch)[UL], int64_t cb) {
+#pragma unroll
+    for (int u = 0; u < UL; ++u) consume(ch[u], cb + u * P1 + L, true, false);
+  };
   int64_t cb = c_begin;
-  for (; cb + int64_t(P1) * UL <= c_end; cb += int64_t(P1) * UL) {
-    Chunk ch[UL];
-#pragma unroll
-    for (int u = 0; u < UL; ++u) fetch(ch[u], cb + u * P1 + L, true, false);
-#pragma unroll
-    for (int u = 0; u < UL; ++u) consume(ch[u]);
+  int64_t steps = (c_end - c_begin) / STEP;
+  if (steps > 0) {
+    // Two register sets in turn: set A holds the step at cb, set B the next one.
+    Chunk ca[UL], cbuf[UL];
+    fetch_step(ca, cb);
+#pragma unroll 1
+    while (true) {
+      if (steps > 1) fetch_step(cbuf, cb + STEP);
+      consume_step(ca, cb);
+      cb += STEP;
+      if (--steps == 0) break;
+      if (steps > 1) fetch_step(ca, cb + STEP);
+      consume_step(cbuf, cb);
+      cb += STEP;
+      if (--steps == 0) break;
+    }
   }
   for (; cb < c_end; cb += P1) {
     Chunk ch;
-    fetch(ch, cb + L, cb + L < c_end, false);
-    consume(ch);
+    const int64_t c = cb + L;
+    const int64_t sc = S == Scaling::kGroup ? c - t : c;
+    fetch(ch, c, c < c_end, sc, sc < c_end, false);
+    consume(ch, c, c < c_end, false);
   }
   pdl_trigger();
   // The partial chunk at the end of the rows, once, by the first warp of each row slice of the
-  // last split.
+  // last split (its quad shares the chunk's group).
   if (nfull * E < a.K && split == a.splits - 1 && wk == 0) {
     Chunk ch;
-    fetch(ch, nfull, t == 0, true);
-    consume(ch);
+    fetch(ch, nfull, t == 0, nfull, true, true);
+    consume(ch, nfull, t == 0, true);
   }
+#pragma unroll
+  for (int rt = 0; rt < R; ++rt)
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        acc[rt][nb][0][j] += acc[rt][nb][1][j];
+        if constexpr (S == Scaling::kRow) acc[rt][nb][0][j] *= row_s[rt][j / 2];
+      }
 
   if constexpr (WK > 1) {
     // Warps 1..WK-1 of a row slice hand their tiles to warp 0, which adds them in a fixed order.
@@ -368,7 +521,7 @@ __global__ void __launch_bounds__(THREADS) gemv_quant(const QuantArgs q) {
 #pragma unroll
         for (int nb = 0; nb < NB; ++nb)
 #pragma unroll
-          for (int j = 0; j < 4; ++j) red[wr][wk - 1][(rt * NB + nb) * 4 + j][lane] = acc[rt][nb][j];
+          for (int j = 0; j < 4; ++j) red[wr][wk - 1][(rt * NB + nb) * 4 + j][lane] = acc[rt][nb][0][j];
     }
     __syncthreads();
     if (wk > 0) return;
@@ -379,7 +532,7 @@ __global__ void __launch_bounds__(THREADS) gemv_quant(const QuantArgs q) {
 #pragma unroll
         for (int nb = 0; nb < NB; ++nb)
 #pragma unroll
-          for (int j = 0; j < 4; ++j) acc[rt][nb][j] += red[wr][w][(rt * NB + nb) * 4 + j][lane];
+          for (int j = 0; j < 4; ++j) acc[rt][nb][0][j] += red[wr][w][(rt * NB + nb) * 4 + j][lane];
   }
 
   // C tile: acc[..][0..1] are row g, columns 2t and 2t+1; acc[..][2..3] the same for row g + 8.
@@ -391,7 +544,7 @@ __global__ void __launch_bounds__(THREADS) gemv_quant(const QuantArgs q) {
       for (int j = 0; j < 4; ++j) {
         const int64_t m = row[rt][j / 2];
         const int v = nb * 8 + 2 * t + (j % 2);
-        if (m < a.M && v < nv) store_output<T>(a, split, g, v0 + v, m, acc[rt][nb][j]);
+        if (m < a.M && v < nv) store_output<T>(a, split, g, v0 + v, m, acc[rt][nb][0][j]);
       }
 }
 
