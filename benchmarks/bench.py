@@ -429,7 +429,8 @@ def wall_samples(jax, run1: Callable[[], list], run2: Callable[[], list], runs: 
     first in even rounds, run2 first in odd ones) so that slow drifts of the host hit both alike.
     The run functions return the list of a program's results; a sample waits for the last one
     (one program's results complete together: checked afterwards, untimed - the third value is
-    False if any result was still pending). The garbage collector is off while timing."""
+    False if any result was still pending; where results have no ``is_ready`` the sample waits
+    for all of them). The garbage collector is off while timing."""
     t1: list[float] = []
     t2: list[float] = []
     ready = True
@@ -442,9 +443,10 @@ def wall_samples(jax, run1: Callable[[], list], run2: Callable[[], list], runs: 
                 t0 = time.perf_counter()
                 for _ in range(execs):
                     out = run()
-                jax.block_until_ready(out[-1])
+                last_only = hasattr(out[-1], "is_ready")  # else this JAX cannot tell: wait for all
+                jax.block_until_ready(out[-1] if last_only else out)
                 ts.append(time.perf_counter() - t0)
-                ready = ready and all(o.is_ready() for o in out)
+                ready = ready and (not last_only or all(o.is_ready() for o in out))
                 del out
     finally:
         if gc_was_on:

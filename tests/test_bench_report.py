@@ -490,6 +490,10 @@ def test_wall_samples_interleaves_and_checks_completion() -> None:
     assert len(waited) == 6 and all(isinstance(w, _Out) for w in waited)  # the last result only
     _, _, ready = bench.wall_samples(fake_jax, run("a", 3), run("b", 6, pending=True), runs=2)
     assert not ready
+    # results that cannot say whether they are ready: the sample waits for all of them
+    waited.clear()
+    _, _, ready = bench.wall_samples(fake_jax, lambda: [1, 2], lambda: [1, 2, 3, 4], runs=1)
+    assert ready and waited == [[1, 2], [1, 2, 3, 4]]  # round 0: run1 first
 
 
 def test_time_jit_wall_on_cpu_and_its_retry(monkeypatch: pytest.MonkeyPatch) -> None:
