@@ -16,9 +16,10 @@ Method (DESIGN.md section 6):
     distinct x for every call; call i uses copy i % n, so W comes from HBM on every call.
   * One jitted program makes R independent calls, each call's operands behind an
     optimization_barrier (so XLA neither merges the calls nor reuses a result).
-  * wall: host wall time of the R-call and of the 2R-call program (median of --runs runs each);
-    per call = (t(2R) - t(R)) / R, so the fixed cost of dispatching a program cancels, and launch
-    gaps are counted.
+  * wall: host wall time of the R-call and of the 2R-call program (--runs samples each,
+    interleaved); per call = (median t(2R) - median t(R)) / R, so the fixed cost of dispatching a
+    program cancels, and launch gaps are counted. The estimator and its stability check are
+    bench.py's (time_jit_wall): an unstable estimate is retried once, then reported as such.
   * kernel: the R-call program under ``jax.profiler.trace``; the GPU kernel time of each device
     divided by R; the slowest device is the per-call time (the devices run side by side).
   * Checked before timing: the result of each variant against a float64 NumPy reference
@@ -42,14 +43,15 @@ import re
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench import L2_FACTOR, MAX_COPIES, TOL, choose_reps  # noqa: E402  (the one-GPU benchmark's method)
+from bench import (  # noqa: E402  (the one-GPU benchmark's method)
+    L2_FACTOR, MAX_COPIES, TOL, choose_reps, jit_program, time_jit_wall,
+)
 
 COLLECTIVE = re.compile(r"\b(all-gather|all-reduce|reduce-scatter|all-to-all|collective-permute)"
                         r"(-start)?\(")
@@ -108,18 +110,6 @@ def kernel_us_per_device(jax: Any, run: Callable[[], Any], reps: int) -> dict[st
     return {k: v / reps for k, v in sorted(total.items())}
 
 
-def wall_us_per_call(jax: Any, one: Callable[[], Any], two: Callable[[], Any], reps: int,
-                     runs: int) -> float:
-    """Median over runs of (wall time of the 2R-call program - that of the R-call program) / R,
-    the two timed back to back in each run (so slow drifts of the host cancel too)."""
-    def wall(f: Callable[[], Any]) -> float:
-        t0 = time.perf_counter()
-        jax.block_until_ready(f())
-        return time.perf_counter() - t0
-
-    return statistics.median((wall(two) - wall(one)) / reps * 1e6 for _ in range(runs))
-
-
 def rel_err(got: np.ndarray, ref: np.ndarray) -> float:
     got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
     return float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
@@ -167,11 +157,6 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_xla:
         ops["jnp.dot"] = lambda W, x: jnp.dot(W, x)
 
-    def program(op: Callable[[Any, Any], Any], R: int) -> Callable[..., Any]:
-        def prog(Ws, xs):
-            return [op(*jax.lax.optimization_barrier((Ws[i % len(Ws)], xs[i]))) for i in range(R)]
-        return jax.jit(prog)
-
     placements = {
         1: (NamedSharding(Mesh(np.array(devices[:1]), ("d",)), P()),) * 2,
         D: (NamedSharding(Mesh(np.array(devices[:D]), ("d",)), P("d", None)),
@@ -184,8 +169,8 @@ def main(argv: list[str] | None = None) -> int:
             Ws = [jax.device_put(w, w_sh) for w in Wh]
             xs = [jax.device_put(x, x_sh) for x in xh]
             rec: dict[str, Any] = {"impl": name, "devices": nd}
-            one, two = program(op, reps), program(op, 2 * reps)
-            text = one.lower(Ws, xs[:reps]).compile().as_text()
+            one, two = jit_program(jax, op, n, reps), jit_program(jax, op, n, 2 * reps)
+            text = one.lower(Ws, xs).compile().as_text()
             coll = sorted({m.group(1) for m in COLLECTIVE.finditer(text)})
             if coll:  # gemvx's rules must keep the rows local; XLA's choice is reported as is
                 assert name != "gemv_ffi", f"{name} on {nd} devices: the program has collectives {coll}"
@@ -200,9 +185,11 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 firsts[name] = y0
             rec["rel_err"] = err
-            run_one, run_two = functools.partial(one, Ws, xs[:reps]), functools.partial(two, Ws, xs)
-            jax.block_until_ready((run_one(), run_two()))
-            rec["wall_us"] = wall_us_per_call(jax, run_one, run_two, reps, args.runs)
+            rec["wall"] = time_jit_wall(jax, op, Ws, xs, reps, args.runs, programs=(one, two))
+            rec["wall_us"] = rec["wall"]["us"]
+            if not rec["wall"]["stable"]:
+                log(f"  note: {name} on {nd} devices: wall time unstable: {rec['wall']['why']}")
+            run_one = functools.partial(one, Ws, xs)
             if args.platform == "gpu":
                 per_dev = [kernel_us_per_device(jax, run_one, reps) for _ in range(min(args.runs, 5))]
                 keys = sorted(set().union(*per_dev))
@@ -212,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
             log(f"  {name:9s} {nd} device(s): wall {rec['wall_us']:.1f} us"
                 + (f", kernel {rec['kernel_us']:.1f} us" if "kernel_us" in rec else ""))
             results.append(rec)
-            del Ws, xs, one, two, run_one, run_two
+            del Ws, xs, one, two, run_one
 
     print(f"\n{args.dtype} W {M}x{K} ({M * K * item / 2**20:.0f} MiB), split by rows over {D} "
           f"{args.platform} device(s) vs 1; {n} copies of W rotated, R={reps} calls per program")

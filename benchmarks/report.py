@@ -11,13 +11,20 @@ the plots need matplotlib (without it they are skipped, saying so). bench.py pri
 report at the end of a run by calling :func:`render`.
 
 Definitions (benchmarks/README.md has the method):
-  * gemvx time: the CuPy door, CUDA-graph replayed; JAX door (gemv_ffi): device time per call
-    from JAX's profiler, compared only with XLA's jnp.dot timed the same way.
+  * gemvx time: the CuPy door, CUDA-graph replayed; JAX door (gemv_ffi): time per call inside
+    one jitted program by host wall time with the fixed dispatch cost subtracted ("wall"),
+    compared only with XLA's jnp.dot timed the same way. The profiler's GPU kernel time per call
+    ("kernel") is shown beside both; files from before the wall time was taken have only that
+    (their "jit" timings are read as "kernel"), and then the JAX ratios fall back to it
+    (marked "k").
   * ratio to a peer = peer time / gemvx time, like with like: graph vs graph (torch, Triton,
     cuBLAS when its graph captured), eager vs eager (cuBLAS through CuPy, which cannot be
-    captured: marked "e"), profiler vs profiler (jnp.dot vs gemv_ffi).
+    captured: marked "e"), wall vs wall (jnp.dot vs gemv_ffi). A wall time whose estimate was
+    unstable is marked "?", and so is every ratio made from it.
   * best-peer ratio of a case = the smallest of its ratios (the strongest peer, each compared
     like with like); > 1 means gemvx beats every peer.
+  * ffi/cupy = gemv_ffi's wall time / the CuPy door's graph time: the cost of the JAX door
+    inside jit (the same kernel runs behind both doors); not a peer ratio.
 """
 
 from __future__ import annotations
@@ -26,19 +33,21 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
 from pathlib import Path
+from typing import Callable
 
 MIB = 1 << 20
 # Peers, in column order: key in the JSON, column name.
 PEERS = (("cublas", "cuBLAS"), ("torch", "torch"), ("triton", "Triton"), ("xla", "jnp.dot"))
 # Implementations drawn in the plots: key, legend label, colour, line style.
 PLOT_IMPLS = (("gemvx", "gemvx, CuPy door (graph)", "C0", "-"),
-              ("gemv_ffi", "gemvx, JAX door (profiler)", "C0", ":"),
+              ("gemv_ffi", "gemvx, JAX door (jit)", "C0", ":"),
               ("cublas", "cuBLAS, cupy.matmul (eager)", "C1", "-"),
               ("torch", "torch (graph)", "C2", "-"),
               ("triton", "Triton (graph)", "C3", "-"),
-              ("xla", "XLA jnp.dot (profiler)", "C4", ":"))
+              ("xla", "XLA jnp.dot (jit)", "C4", ":"))
 
 # Spec HBM bandwidth (GB/s) by device name, for the bandwidth target: the numbers of issue 4.
 SPEC_GBPS = (("H200", 4560.0), ("H100 80GB HBM3", 3180.0), ("H100 SXM", 3180.0))
@@ -48,6 +57,11 @@ T_RATIO_MIN, T_RATIO_GEOMEAN = 1.00, 1.15
 T_BIG_W, T_SPEC_FRACTION = 256 * MIB, 0.95
 T_SHORT_WIDE_US, T_SMALL_US = 10.0, 2.3
 T_MID_W, T_TRANSPOSED, T_BATCH16 = 32 * MIB, 1.05, 1.3
+# The JAX door (issue 3): at least as fast as jnp.dot, within 5% of the CuPy door.
+T_JAX_VS_XLA, T_JAX_VS_CUPY = 1.00, 1.05
+# Timing modes in order of preference; the two inside jit.
+MODES = ("graph", "eager", "wall", "kernel")
+JIT_MODES = ("wall", "kernel")
 
 
 # ---- loading ---------------------------------------------------------------------------------
@@ -76,12 +90,21 @@ def load(paths: list[str | os.PathLike]) -> tuple[list[dict], list[dict]]:
             rec.setdefault("batch", 1)
             rec.setdefault("ceiling_gbps", ceiling)
             rec["part"] = i
+            rec["impls"] = {k: _upgrade_impl(v) for k, v in (rec.get("impls") or {}).items()}
             by_key[case_key(rec)] = rec
     names = {m.get("device", {}).get("name") for m in metas}
     if len(names) > 1:
         raise ValueError(f"the files come from different devices {sorted(map(str, names))}: "
                          "compare runs of one device")
     return metas, sorted(by_key.values(), key=_order)
+
+
+def _upgrade_impl(r: dict) -> dict:
+    """An implementation result of an older file: its profiler timing "jit" becomes "kernel"."""
+    if isinstance(r, dict) and "jit" in r and "kernel" not in r:
+        r = dict(r)
+        r["kernel"] = {**r.pop("jit"), "mode": "kernel"}
+    return r
 
 
 _DTYPE_ORDER = {"float16": 0, "bfloat16": 1, "float32": 2}
@@ -95,13 +118,46 @@ def _order(rec: dict) -> tuple:
 # ---- numbers of one case ---------------------------------------------------------------------
 
 def timing(r: dict | None, mode: str | None = None) -> dict | None:
-    """The timing block of an implementation result (graph, else eager, else jit; or ``mode``),
-    None when it did not run or failed."""
+    """The timing block of an implementation result (the first of MODES it has, or ``mode``),
+    None when it did not run, failed or has no positive time."""
     if not r or r.get("status") != "ok":
         return None
-    for m in ((mode,) if mode else ("graph", "eager", "jit")):
-        if r.get(m) and r[m].get("us"):
+    for m in ((mode,) if mode else MODES):
+        us = (r.get(m) or {}).get("us")
+        if isinstance(us, (int, float)) and us > 0:
             return {**r[m], "mode": m}
+    return None
+
+
+def unstable(t: dict | None) -> bool:
+    """A timing whose estimate was flagged unstable (wall times inside jit)."""
+    return bool(t) and t.get("stable") is False
+
+
+def _pair(a: dict | None, b: dict | None) -> dict:
+    """Ratio a / b of two timings taken the same way, with their mode and instability."""
+    return {"ratio": a["us"] / b["us"], "mode": a["mode"], "unstable": unstable(a) or unstable(b)}
+
+
+def jit_pair(p: dict | None, q: dict | None) -> dict | None:
+    """Ratio of two implementations timed inside jit: wall vs wall, else (files without wall
+    times) kernel vs kernel; None without a common mode."""
+    for m in JIT_MODES:
+        a, b = timing(p, m), timing(q, m)
+        if a and b:
+            return _pair(a, b)
+    return None
+
+
+def ffi_vs_cupy(rec: dict) -> dict | None:
+    """gemv_ffi time inside jit / the CuPy door's graph time (same kernel): the JAX door's cost.
+    Wall time, else (older files) the profiler's kernel time, marked by the mode."""
+    im = rec.get("impls", {})
+    g = timing(im.get("gemvx"), "graph")
+    for m in JIT_MODES:
+        f = timing(im.get("gemv_ffi"), m)
+        if f and g:
+            return _pair(f, g)
     return None
 
 
@@ -116,14 +172,15 @@ def ratios(rec: dict) -> dict[str, dict]:
     for key, _ in PEERS:
         p = im.get(key)
         if key == "xla":
-            a, b = timing(p, "jit"), timing(im.get("gemv_ffi"), "jit")
+            pair = jit_pair(p, im.get("gemv_ffi"))
         else:
             g = im.get("gemvx")
             a, b = timing(p, "graph"), timing(g, "graph")
             if not (a and b):
                 a, b = timing(p, "eager"), timing(g, "eager")
-        if a and b:
-            out[key] = {"ratio": a["us"] / b["us"], "mode": a["mode"]}
+            pair = _pair(a, b) if a and b else None
+        if pair:
+            out[key] = pair
     return out
 
 
@@ -133,6 +190,12 @@ def best_ratio(rec: dict) -> tuple[float, str] | None:
         return None
     key = min(r, key=lambda k: r[k]["ratio"])
     return r[key]["ratio"], key
+
+
+def best_is_unstable(rec: dict) -> bool:
+    """Whether the best-peer ratio of ``rec`` rests on an unstable wall time."""
+    b = best_ratio(rec)
+    return bool(b) and ratios(rec)[b[1]]["unstable"]
 
 
 def gemvx_us(rec: dict) -> float | None:
@@ -188,6 +251,12 @@ def check_targets(records: list[dict], device_name: str | None, spec: float | No
         missing = sum(1 for rec in records if not best_ratio(rec))
         if missing:
             detail += f"; {missing} cases without any peer time are not counted"
+        shaky = sum(1 for _, _, rec in br if best_is_unstable(rec))
+        if shaky:
+            detail += f"; {shaky} best ratios rest on an unstable wall time inside jit (marked ?)"
+        kern = sum(1 for _, key, rec in br if key == "xla" and ratios(rec)["xla"]["mode"] == "kernel")
+        if kern:
+            detail += f"; {kern} jnp.dot ratios are profiler kernel times (files without wall times, marked k)"
         add(name, "PASS" if ok else "FAIL", detail)
 
     # 2. large W: spec bandwidth and the measured read ceiling
@@ -254,6 +323,41 @@ def check_targets(records: list[dict], device_name: str | None, spec: float | No
     return out
 
 
+def check_jax_door(records: list[dict]) -> list[dict]:
+    """The JAX door's goals (issue 3) from the times inside jit, like check_targets' entries:
+    jnp.dot time / gemv_ffi time >= T_JAX_VS_XLA on every case, and gemv_ffi time <=
+    T_JAX_VS_CUPY x the CuPy door's graph time on every case."""
+    out = []
+    for name, fn, limit, above in (
+        (f"jnp.dot time / gemv_ffi time >= {T_JAX_VS_XLA:.2f} on every case (inside jit)",
+         lambda rec: jit_pair(rec.get("impls", {}).get("xla"), rec.get("impls", {}).get("gemv_ffi")),
+         T_JAX_VS_XLA, True),
+        (f"gemv_ffi time <= {T_JAX_VS_CUPY:.2f} x the CuPy door's graph time on every case",
+         ffi_vs_cupy, T_JAX_VS_CUPY, False),
+    ):
+        rows = [(x, rec) for rec in records if (x := fn(rec))]
+        if not rows:
+            out.append({"target": name, "status": "N/A", "detail": "no case has both times"})
+            continue
+        bad = [(x, rec) for x, rec in rows if (x["ratio"] < limit if above else x["ratio"] > limit)]
+        worst = (min if above else max)(rows, key=lambda t: t[0]["ratio"])
+        detail = (f"{len(rows)} cases: geometric mean {geomean([x['ratio'] for x, _ in rows]):.3f}, "
+                  f"{'min' if above else 'max'} {worst[0]['ratio']:.3f} ({_tag(worst[1])}); {len(bad)} "
+                  f"{'below' if above else 'above'} {limit:.2f}")
+        if bad:
+            bad.sort(key=lambda t: t[0]["ratio"], reverse=not above)
+            detail += ": " + ", ".join(f"{_tag(rec)} {_ratio_cell(x)}" for x, rec in bad[:8])
+            detail += " ..." if len(bad) > 8 else ""
+        shaky = sum(1 for x, _ in rows if x["unstable"])
+        if shaky:
+            detail += f"; {shaky} rest on an unstable wall time (marked ?)"
+        kern = sum(1 for x, _ in rows if x["mode"] == "kernel")
+        if kern:
+            detail += f"; {kern} are profiler kernel times (no wall times in these files, marked k)"
+        out.append({"target": name, "status": "FAIL" if bad else "PASS", "detail": detail})
+    return out
+
+
 # ---- tables ----------------------------------------------------------------------------------
 
 def _fmt_us(us: float | None) -> str:
@@ -262,25 +366,31 @@ def _fmt_us(us: float | None) -> str:
     return f"{us:.2f}" if us < 10 else f"{us:.1f}"
 
 
+_MARK = {"eager": "e", "kernel": "k"}
+
+
 def _cell(r: dict | None, mode: str | None = None) -> str:
-    """A peer's time cell: us (with 'e' when eager), or its status, or '-' when it did not run."""
+    """A time cell: us (with 'e' when eager, '?' when an unstable estimate), or its status, or
+    '-' when it did not run; '?' alone for a wall time without a usable (positive) number."""
     if not r or r.get("status") in (None, "n/a"):
         return "-"
     t = timing(r, mode)
     if t is None:
-        return r.get("status", "-") if r.get("status") != "ok" else "-"
-    return _fmt_us(t["us"]) + ("e" if t["mode"] == "eager" else "")
+        if r.get("status") != "ok":
+            return r.get("status", "-")
+        return "?" if mode and unstable(r.get(mode)) else "-"
+    return _fmt_us(t["us"]) + ("e" if t["mode"] == "eager" else "") + ("?" if unstable(t) else "")
 
 
 def _ratio_cell(x: dict | None) -> str:
     if not x:
         return "-"
-    return f"{x['ratio']:.2f}" + ("e" if x["mode"] == "eager" else "")
+    return f"{x['ratio']:.2f}" + _MARK.get(x["mode"], "") + ("?" if x.get("unstable") else "")
 
 
 TABLE_HEADER = ["M x K", "W MiB", "gemvx us", "GB/s", "%ceil", "cfg", "eager us", "cuBLAS us",
-                "torch us", "Triton us", "gemv_ffi us", "jnp.dot us", "cuBLAS/", "torch/",
-                "Triton/", "jnp.dot/ffi", "best"]
+                "torch us", "Triton us", "gemv_ffi us", "jnp.dot us", "ffi kern us", "dot kern us",
+                "cuBLAS/", "torch/", "Triton/", "jnp.dot/ffi", "best", "ffi/cupy"]
 
 
 def case_row(rec: dict) -> list[str]:
@@ -301,9 +411,12 @@ def case_row(rec: dict) -> list[str]:
         f"{100 * rate / ceil:.0f}" if rate and ceil else "-",
         f"{cfg[0]}/{cfg[1]}" if cfg else "-", _cell(g, "eager").rstrip("e") if g else "-",
         _cell(im.get("cublas")), _cell(im.get("torch")), _cell(im.get("triton")),
-        _cell(im.get("gemv_ffi"), "jit"), _cell(im.get("xla"), "jit"),
+        _cell(im.get("gemv_ffi"), "wall"), _cell(im.get("xla"), "wall"),
+        _cell(im.get("gemv_ffi"), "kernel"), _cell(im.get("xla"), "kernel"),
         _ratio_cell(ra.get("cublas")), _ratio_cell(ra.get("torch")), _ratio_cell(ra.get("triton")),
-        _ratio_cell(ra.get("xla")), f"{best[0]:.2f}" if best else "-",
+        _ratio_cell(ra.get("xla")),
+        (f"{best[0]:.2f}" + ("?" if ra[best[1]]["unstable"] else "")) if best else "-",
+        _ratio_cell(ffi_vs_cupy(rec)),
     ]
 
 
@@ -398,6 +511,16 @@ def _notes(metas: list[dict], records: list[dict]) -> list[str]:
             elif r.get("graph_error"):
                 grouped.setdefault((key, f"graph capture failed, timed eagerly ('e'): {r['graph_error']}"),
                                    []).append(_tag(rec))
+            for mode, what in (("wall", "wall time inside jit"), ("kernel", "profiler kernel time")):
+                if st == "ok" and r.get(f"{mode}_error"):
+                    grouped.setdefault((key, f"{what} failed: {r[f'{mode}_error']}"), []).append(_tag(rec))
+            if st == "ok" and unstable(r.get("wall")):
+                why = re.split(r"[:(]", r["wall"].get("why", "unstable"))[0].strip()  # no numbers
+                grouped.setdefault((key, f"wall time inside jit unstable ('?'): {why}"), []).append(_tag(rec))
+        x = ratios(rec).get("xla")
+        if x and x["mode"] == "kernel":
+            grouped.setdefault(("xla", "jnp.dot/ffi from profiler kernel times ('k'): no wall times "
+                                "inside jit in this file"), []).append(_tag(rec))
     for (key, msg), tags in grouped.items():
         where = "all cases" if len(tags) == len(records) else (
             ", ".join(tags[:6]) + (f" and {len(tags) - 6} more" if len(tags) > 6 else ""))
@@ -420,10 +543,27 @@ EXPLAIN = (
     "replays, W rotated past L2); eager us: the same call made eagerly from Python. cuBLAS = "
     "cupy.matmul (CuPy cannot capture cuBLAS in a graph: eager, marked e); torch = torch.mv / "
     "torch.matmul (graph); Triton = benchmarks/triton_gemv.py, autotuned (graph; one vector only); "
-    "gemv_ffi = the JAX door and jnp.dot = XLA, both device time per call from JAX's profiler. "
-    "GB/s counts W + x + y bytes; %ceil = gemvx GB/s / the measured read ceiling; cfg = the "
-    "table's config/splits. Ratio columns: peer time / gemvx time (> 1: gemvx faster), like with "
-    "like (e: eager vs eager; jnp.dot/ffi: profiler vs profiler); best = the smallest ratio.")
+    "gemv_ffi = the JAX door and jnp.dot = XLA, both time per call inside one jitted program of "
+    "many independent calls by host wall time, with the fixed dispatch cost subtracted "
+    "((t(2R calls) - t(R calls)) / R; ? = unstable estimate, see the notes); ffi kern / dot kern: "
+    "the same calls' GPU kernel time from JAX's profiler (for reference: a kernel launched early "
+    "with programmatic dependent launch counts its wait for the previous one, and launch gaps are "
+    "not counted). GB/s counts W + x + y bytes; %ceil = gemvx GB/s / the measured read ceiling; "
+    "cfg = the table's config/splits. Ratio columns: peer time / gemvx time (> 1: gemvx faster), "
+    "like with like (e: eager vs eager; jnp.dot/ffi: wall vs wall, k: kernel vs kernel for files "
+    "without wall times); best = the smallest ratio; ffi/cupy = gemv_ffi time / gemvx us (the JAX "
+    "door's cost inside jit on the same kernel; <= 1.05 wanted).")
+
+
+def _check_lines(title: str, checks: list[dict], md: bool, h: Callable[[int, str], str]) -> list[str]:
+    """A heading with the PASS / FAIL / N/A counts, then one entry per check."""
+    n_pass = sum(t["status"] == "PASS" for t in checks)
+    n_fail = sum(t["status"] == "FAIL" for t in checks)
+    out = [h(2, f"{title}: {n_pass} PASS, {n_fail} FAIL, {len(checks) - n_pass - n_fail} N/A"), ""]
+    for t in checks:
+        out.append(f"- **{t['status']}** {t['target']}: {t['detail']}" if md
+                   else f"[{t['status']:4s}] {t['target']}\n         {t['detail']}")
+    return out
 
 
 def render(metas: list[dict], records: list[dict], *, md: bool = False, spec: float | None = None,
@@ -449,12 +589,8 @@ def render(metas: list[dict], records: list[dict], *, md: bool = False, spec: fl
     notes = _notes(metas, records)
     if notes:
         out += [h(2, "Notes"), ""] + [("- " if md else "  ") + n for n in notes] + [""]
-    n_pass = sum(t["status"] == "PASS" for t in targets)
-    n_fail = sum(t["status"] == "FAIL" for t in targets)
-    out += [h(2, f"TARGETS: {n_pass} PASS, {n_fail} FAIL, {len(targets) - n_pass - n_fail} N/A"), ""]
-    for t in targets:
-        out.append(f"{'- ' if md else ''}**{t['status']}** {t['target']}: {t['detail']}" if md
-                   else f"[{t['status']:4s}] {t['target']}\n         {t['detail']}")
+    out += _check_lines("TARGETS", targets, md, h)
+    out += [""] + _check_lines("JAX door inside jit", check_jax_door(records), md, h)
     out += ["", h(2, "Summary: best-peer ratio (peer time / gemvx time, smallest over peers)"), ""]
     out += [table(SUMMARY_HEADER, summary_rows(records), left=3), ""]
     out += [h(2, "Results"), "", EXPLAIN, ""]

@@ -1,6 +1,7 @@
 """CPU tests of the benchmark's non-GPU parts: benchmarks/report.py (merging runs, ratios, the
-TARGETS check, text and Markdown reports, plots) on synthetic runs, benchmarks/bench.py's command
-line and profiler-trace parsing, and gemvx._measure's helpers with NumPy standing in for CuPy.
+TARGETS check, the JAX door checks, text and Markdown reports, plots) on synthetic runs and on
+the committed results, benchmarks/bench.py's command line, profiler-trace parsing and the
+wall-time estimator used inside jit, and gemvx._measure's helpers with NumPy standing in for CuPy.
 """
 
 from __future__ import annotations
@@ -33,20 +34,21 @@ def _bytes(dtype: str, batch: int, M: int, K: int) -> tuple[int, int]:
 
 def _case(dtype: str, layout: str, batch: int, M: int, K: int, us: float, *,
           peers: dict[str, float] | None = None, ceiling: float | None = CEIL) -> dict:
-    """A case where gemvx takes ``us`` (graph), us + 2 (eager), the JAX door us + 0.1, and each
-    peer ``factor`` x the matching gemvx time (cuBLAS eager only, like CuPy's)."""
+    """A case where gemvx takes ``us`` (graph), us + 2 (eager), the JAX door us + 0.1 (wall
+    time inside jit; its profiler kernel time 0.5 more), and each peer ``factor`` x the matching
+    gemvx time (cuBLAS eager only, like CuPy's; jnp.dot's kernel time 0.8 x its wall time)."""
     w, per = _bytes(dtype, batch, M, K)
     peers = {"torch": 1.3, "cublas": 1.5, "xla": 1.2, "triton": 1.16} if peers is None else peers
     ffi = us + 0.1
     im: dict[str, Any] = {
         "gemvx": {"status": "ok", "graph": {"us": us}, "eager": {"us": us + 2}, "config": [4, 1]},
-        "gemv_ffi": {"status": "ok", "jit": {"us": ffi}},
+        "gemv_ffi": {"status": "ok", "wall": {"us": ffi, "stable": True}, "kernel": {"us": ffi + 0.5}},
     }
     for key, f in peers.items():
         if key == "cublas":
             im[key] = {"status": "ok", "eager": {"us": f * (us + 2)}, "graph_error": "no capture"}
         elif key == "xla":
-            im[key] = {"status": "ok", "jit": {"us": f * ffi}}
+            im[key] = {"status": "ok", "wall": {"us": f * ffi, "stable": True}, "kernel": {"us": 0.8 * f * ffi}}
         elif key == "triton" and batch > 1:
             im[key] = {"status": "n/a", "error": "batch 1 only"}
         else:
@@ -92,20 +94,76 @@ def _status(records: list[dict], device: str = H200) -> list[str]:
 def test_ratios_like_with_like() -> None:
     rec = _case("float16", "N", 1, 4096, 4096, 10.0)
     r = report.ratios(rec)
-    assert r["torch"] == {"ratio": pytest.approx(1.3), "mode": "graph"}
+    stable = {"unstable": False}
+    assert r["torch"] == {"ratio": pytest.approx(1.3), "mode": "graph", **stable}
     assert r["triton"]["ratio"] == pytest.approx(1.16)
-    assert r["cublas"] == {"ratio": pytest.approx(1.5), "mode": "eager"}  # eager vs gemvx eager
-    assert r["xla"] == {"ratio": pytest.approx(1.2), "mode": "jit"}       # vs the JAX door
+    assert r["cublas"] == {"ratio": pytest.approx(1.5), "mode": "eager", **stable}  # eager vs gemvx eager
+    assert r["xla"] == {"ratio": pytest.approx(1.2), "mode": "wall", **stable}      # wall vs the JAX door's wall
     assert report.best_ratio(rec) == (pytest.approx(1.16), "triton")
+    assert report.ffi_vs_cupy(rec) == {"ratio": pytest.approx(10.1 / 10.0), "mode": "wall", **stable}
     # a captured cuBLAS graph is compared graph to graph
     rec["impls"]["cublas"]["graph"] = {"us": 25.0}
-    assert report.ratios(rec)["cublas"] == {"ratio": 2.5, "mode": "graph"}
+    assert report.ratios(rec)["cublas"] == {"ratio": 2.5, "mode": "graph", **stable}
     # failed or missing peers have no ratio; no peers: no best ratio
     rec["impls"]["torch"]["status"] = "FAIL"
     del rec["impls"]["triton"]
     assert set(report.ratios(rec)) == {"cublas", "xla"}
     rec["impls"] = {"gemvx": rec["impls"]["gemvx"]}
     assert report.best_ratio(rec) is None
+
+
+def test_jax_ratios_wall_first_then_kernel_marked() -> None:
+    """jnp.dot/ffi and ffi/cupy come from wall times; without a wall time on either side the two
+    profiler kernel times are compared (mode kernel, 'k'); an unstable wall time marks '?'; a
+    wall time that is not positive is no time at all."""
+    rec = _case("float16", "N", 1, 4096, 4096, 10.0, peers={"xla": 1.2})
+    row = dict(zip(report.TABLE_HEADER, report.case_row(rec)))
+    assert (row["gemv_ffi us"], row["jnp.dot us"], row["ffi kern us"], row["dot kern us"]) == \
+        ("10.1", "12.1", "10.6", "9.70")
+    assert (row["jnp.dot/ffi"], row["best"], row["ffi/cupy"]) == ("1.20", "1.20", "1.01")
+    del rec["impls"]["xla"]["wall"]  # no wall time for jnp.dot: kernel vs kernel
+    x = report.ratios(rec)["xla"]
+    assert x == {"ratio": pytest.approx(0.96 * 10.1 / 10.6), "mode": "kernel", "unstable": False}
+    assert report.best_ratio(rec) == (pytest.approx(x["ratio"]), "xla")
+    row = dict(zip(report.TABLE_HEADER, report.case_row(rec)))
+    assert row["jnp.dot us"] == "-" and row["jnp.dot/ffi"] == "0.91k"
+    assert row["ffi/cupy"] == "1.01"  # gemv_ffi still has its wall time
+    del rec["impls"]["gemv_ffi"]["wall"]
+    assert report.ffi_vs_cupy(rec) == {"ratio": pytest.approx(1.06), "mode": "kernel", "unstable": False}
+    # unstable wall times: numbers and ratios marked '?', and counted in the targets' detail
+    rec = _case("float16", "N", 1, 4096, 4096, 10.0, peers={"xla": 0.9})
+    rec["impls"]["gemv_ffi"]["wall"].update(stable=False, why="per-run estimates spread too wide: ...")
+    row = dict(zip(report.TABLE_HEADER, report.case_row(rec)))
+    assert (row["gemv_ffi us"], row["jnp.dot/ffi"], row["best"], row["ffi/cupy"]) == \
+        ("10.1?", "0.90?", "0.90?", "1.01?")
+    assert report.best_is_unstable(rec)
+    detail = report.check_targets([rec], H200)[0]["detail"]
+    assert "1 best ratios rest on an unstable wall time" in detail
+    assert report._notes([], [rec]) == [
+        "gemv_ffi: wall time inside jit unstable ('?'): per-run estimates spread too wide [all cases]"]
+    # a non-positive wall time is no number: '?' in its cell, no ratio from it
+    rec["impls"]["gemv_ffi"]["wall"]["us"] = -0.4
+    row = dict(zip(report.TABLE_HEADER, report.case_row(rec)))
+    assert row["gemv_ffi us"] == "?" and row["ffi/cupy"] == "1.06k"
+    assert row["jnp.dot/ffi"] == f"{0.8 * 0.9 * 10.1 / 10.6:.2f}k"  # 0.69k
+
+
+def test_jax_door_checks() -> None:
+    recs = passing_run()
+    got = report.check_jax_door(recs)
+    assert [c["status"] for c in got] == ["PASS", "PASS"], got
+    assert "8 cases: geometric mean 1.200, min 1.200" in got[0]["detail"]
+    worst = max(r["impls"]["gemv_ffi"]["wall"]["us"] / r["impls"]["gemvx"]["graph"]["us"] for r in recs)
+    assert f"max {worst:.3f} (float16 N b1 1024x1024); 0 above 1.05" in got[1]["detail"]
+    # jnp.dot faster than the JAX door on one case; the JAX door 10% over the CuPy door on another
+    recs[1]["impls"]["xla"]["wall"]["us"] = 0.95 * recs[1]["impls"]["gemv_ffi"]["wall"]["us"]
+    recs[3]["impls"]["gemv_ffi"]["wall"]["us"] = 1.1 * recs[3]["impls"]["gemvx"]["graph"]["us"]
+    recs[3]["impls"]["xla"]["wall"]["us"] = 2 * recs[3]["impls"]["gemv_ffi"]["wall"]["us"]
+    got = report.check_jax_door(recs)
+    assert [c["status"] for c in got] == ["FAIL", "FAIL"]
+    assert "1 below 1.00: float16 N b1 256x65536 0.95" in got[0]["detail"]
+    assert "1 above 1.05: float16 N b1 8192x8192 1.10" in got[1]["detail"]
+    assert [c["status"] for c in report.check_jax_door([])] == ["N/A", "N/A"]
 
 
 def test_spec_bandwidth_by_device_name() -> None:
@@ -213,10 +271,49 @@ def test_load_older_files(tmp_path: Path) -> None:
     assert all(r["ceiling_gbps"] == CEIL for r in records)
 
 
+def test_load_files_with_profiler_times_only(tmp_path: Path) -> None:
+    """Files from before the wall time inside jit: their "jit" blocks (profiler) are read as
+    kernel times; the wall columns are empty, the JAX ratios are kernel vs kernel, marked k and
+    noted."""
+    old = [_case("float16", "N", 1, 1024, 1024, 2.5), _case("float16", "N", 1, 2048, 2048, 4.0)]
+    for r in old:
+        for k in ("gemv_ffi", "xla"):
+            r["impls"][k]["jit"] = {"mode": "jit", **r["impls"][k].pop("kernel")}
+            del r["impls"][k]["wall"]
+    metas, records = report.load([_dump(tmp_path / "old.json", old)])
+    im = records[0]["impls"]
+    assert im["gemv_ffi"]["kernel"] == {"mode": "kernel", "us": pytest.approx(3.1)} and "jit" not in im["gemv_ffi"]
+    row = dict(zip(report.TABLE_HEADER, report.case_row(records[0])))
+    assert (row["gemv_ffi us"], row["jnp.dot us"], row["ffi kern us"], row["dot kern us"]) == ("-", "-", "3.10", "2.50")
+    assert row["jnp.dot/ffi"] == f"{0.96 * 2.6 / 3.1:.2f}k" and row["ffi/cupy"] == f"{3.1 / 2.5:.2f}k"
+    text = report.render(metas, records)
+    assert "xla: jnp.dot/ffi from profiler kernel times ('k'): no wall times inside jit in this file [all cases]" in text
+    assert "2 jnp.dot ratios are profiler kernel times" in text
+
+
+@pytest.mark.parametrize("path", sorted(p for p in (BENCH_DIR / "results").glob("*.json")
+                                        if "results" in json.loads(p.read_text())
+                                        and "impls" in json.loads(p.read_text())["results"][0]),
+                         ids=lambda p: p.name)
+def test_committed_results_still_render(path: Path) -> None:
+    """Every committed bench.py JSON renders: JAX numbers (profiler only in these files) in the
+    kernel columns and ratios marked k; no wall numbers made up."""
+    metas, records = report.load([path])
+    text = report.render(metas, records)
+    md = report.render(metas, records, md=True)
+    assert "TARGETS:" in text and "JAX door inside jit:" in md
+    rows = [dict(zip(report.TABLE_HEADER, report.case_row(r))) for r in records]
+    walls = {r[c] for r in rows for c in ("gemv_ffi us", "jnp.dot us")}
+    assert walls <= {"-", "FAIL", "ERR"}, walls  # no wall number where none was measured
+    with_jax = [r for r in rows if r["ffi kern us"] != "-"]
+    assert all(r["jnp.dot/ffi"].endswith("k") for r in with_jax if r["jnp.dot/ffi"] != "-")
+
+
 def test_render_text_and_markdown(tmp_path: Path) -> None:
     metas, records = report.load([_dump(tmp_path / "run.json", passing_run())])
     text = report.render(metas, records)
     assert "TARGETS: 7 PASS, 0 FAIL, 0 N/A" in text
+    assert "JAX door inside jit: 2 PASS, 0 FAIL, 0 N/A" in text
     for title in ("float16, layout N (W (M, K), y = W x), batch 1",
                   "float16, layout T (W stored (K, M), y = W^T x), batch 16"):
         assert title in text
@@ -226,7 +323,9 @@ def test_render_text_and_markdown(tmp_path: Path) -> None:
     _, per = _bytes("float16", 1, 1024, 1024)
     gb = per / 2.2e-6 / 1e9
     assert cells[:7] == ["1024x1024", "2.0", "2.20", f"{gb:.0f}", f"{100 * gb / CEIL:.0f}", "4/1", "4.20"]
-    assert cells[-5:] == ["1.50e", "1.30", "1.16", "1.20", "1.16"]
+    # gemv_ffi and jnp.dot wall, their kernel times, the ratios, best, ffi/cupy
+    assert cells[-10:] == ["2.30", "2.76", "2.80", "2.21", "1.50e", "1.30", "1.16", "1.20", "1.16",
+                           f"{2.3 / 2.2:.2f}"]
     md = report.render(metas, records, md=True, plots=["benchmarks/plots/bench_N.png"])
     assert md.startswith("# gemvx benchmarks")
     assert "| M x K | W MiB | gemvx us |" in md and "**PASS**" in md
@@ -304,6 +403,146 @@ def test_kernel_time_from_profile() -> None:
         bench.kernel_us_per_call(ev[:3], runs=1, calls=1)
 
 
+# ---- bench.py: the wall-time estimator inside jit --------------------------------------------
+
+def test_per_call_from_wall_arithmetic() -> None:
+    """us = (median t(R2) - median t(R1)) / (execs (R2 - R1)); spread from the per-run estimates."""
+    # 2 executions of 100 vs 200 calls at 3 us per call, 80 us fixed per sample, run-to-run noise
+    noise = [0.0, 4e-6, -2e-6, 10e-6, 1e-6]
+    t1 = [80e-6 + 2 * 100 * 3e-6 + e for e in noise]
+    t2 = [80e-6 + 2 * 200 * 3e-6 + e for e in reversed(noise)]
+    got = bench.per_call_from_wall(t1, t2, 100, 200, execs=2)
+    assert got["us"] == pytest.approx(3.0)  # medians: the noise's median (1e-6) on both sides
+    per = [(b - a) / 200 * 1e6 for a, b in zip(t1, t2)]
+    assert got["samples_us"] == [round(v, 4) for v in per]
+    assert (got["us_min"], got["us_max"]) == (pytest.approx(min(per)), pytest.approx(max(per)))
+    q = sorted(per)
+    assert (got["q1_us"], got["q3_us"]) == (pytest.approx(q[1]), pytest.approx(q[3]))  # 5 samples
+    assert got["iqr_us"] == pytest.approx(q[3] - q[1])
+    assert (got["r1"], got["r2"], got["execs"], got["runs"], got["stable"]) == (100, 200, 2, 5, True)
+    assert got["t1_ms"] == pytest.approx((80e-6 + 600e-6 + 1e-6) * 1e3)
+    assert "why" not in got
+    # one sample each
+    one = bench.per_call_from_wall([1e-3], [1.5e-3], 50, 100)
+    assert one["us"] == pytest.approx(10.0) and one["iqr_us"] == 0 and one["stable"]
+
+
+def test_per_call_from_wall_flags_instability() -> None:
+    flat = [1e-3] * 7
+    # no difference, or R2 faster than R1: not a time
+    got = bench.per_call_from_wall(flat, flat, 10, 20)
+    assert not got["stable"] and "not positive" in got["why"] and got["us"] == 0
+    got = bench.per_call_from_wall(flat, [0.9e-3] * 7, 10, 20)
+    assert not got["stable"] and got["us"] == pytest.approx(-10.0)
+    # noisy: the per-run estimates spread over 10% of the estimate
+    t2 = [2e-3 + d for d in (-3e-4, -2e-4, -1e-4, 0.0, 1e-4, 2e-4, 3e-4)]
+    got = bench.per_call_from_wall(flat, t2, 100, 200)
+    assert got["us"] == pytest.approx(10.0) and got["iqr_us"] == pytest.approx(3.0)
+    assert not got["stable"] and "interquartile range 3 us is over 10% of 10 us" in got["why"]
+    assert bench.per_call_from_wall(flat, t2, 100, 200, max_spread=0.5)["stable"]
+    # the same spread is fine at a tenth of the noise
+    t2 = [2e-3 + d / 10 for d in (-3e-4, -2e-4, -1e-4, 0.0, 1e-4, 2e-4, 3e-4)]
+    assert bench.per_call_from_wall(flat, t2, 100, 200)["stable"]
+    got = bench.per_call_from_wall(flat, [1e-3] * 6 + [math.nan], 10, 20)
+    assert not got["stable"] and "not finite" in got["why"]
+
+
+@pytest.mark.parametrize("bad", [dict(t1=[1.0], t2=[], r1=1, r2=2), dict(t1=[], t2=[], r1=1, r2=2),
+                                 dict(t1=[1.0], t2=[2.0], r1=4, r2=4), dict(t1=[1.0], t2=[2.0], r1=0, r2=2),
+                                 dict(t1=[1.0], t2=[2.0], r1=1, r2=2, execs=0)])
+def test_per_call_from_wall_rejects_bad_input(bad: dict) -> None:
+    with pytest.raises(ValueError, match="need"):
+        bench.per_call_from_wall(**bad)
+
+
+def test_jit_plan() -> None:
+    # 1024x1024 fp16 (~2 MiB, ~3.7 us estimated): R1 = 120 calls = 0.44 ms, so 3 executions
+    assert bench.jit_plan(120, 2 << 20) == (120, 240, 3)
+    # 28672x8192 fp16: 20 calls are ~3 ms of work already
+    assert bench.jit_plan(20, 28672 * 8192 * 2) == (20, 40, 1)
+    assert bench.jit_plan(4, 1000) == (4, 8, bench.JIT_EXECS_MAX)
+
+
+class _Out:
+    """A stand-in for a jax.Array result: ready or not, and when it was waited for."""
+
+    def __init__(self, ready: bool = True):
+        self.ready = ready
+
+    def is_ready(self) -> bool:
+        return self.ready
+
+
+def test_wall_samples_interleaves_and_checks_completion() -> None:
+    calls: list[str] = []
+    waited: list[Any] = []
+    fake_jax = type("J", (), {"block_until_ready": staticmethod(lambda x: waited.append(x) or x)})
+
+    def run(tag: str, outs: int, pending: bool = False):
+        def f() -> list:
+            calls.append(tag)
+            return [_Out(not pending) for _ in range(outs - 1)] + [_Out()]
+        return f
+
+    t1, t2, ready = bench.wall_samples(fake_jax, run("a", 3), run("b", 6), runs=3, execs=2)
+    assert len(t1) == len(t2) == 3 and all(t > 0 for t in t1 + t2) and ready
+    assert "".join(calls) == "aabb" "bbaa" "aabb"  # alternating order, execs calls per sample
+    assert len(waited) == 6 and all(isinstance(w, _Out) for w in waited)  # the last result only
+    _, _, ready = bench.wall_samples(fake_jax, run("a", 3), run("b", 6, pending=True), runs=2)
+    assert not ready
+    # results that cannot say whether they are ready: the sample waits for all of them
+    waited.clear()
+    _, _, ready = bench.wall_samples(fake_jax, lambda: [1, 2], lambda: [1, 2, 3, 4], runs=1)
+    assert ready and waited == [[1, 2], [1, 2, 3, 4]]  # round 0: run1 first
+
+
+def test_time_jit_wall_on_cpu_and_its_retry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """time_jit_wall on JAX's CPU backend: both programs compile and run on the same arguments
+    (R1 = reps and R2 = 2 reps calls, results one per call, correct); an unstable estimate is
+    retried once on twice the samples; a program whose results complete separately is flagged."""
+    jax = pytest.importorskip("jax")
+    jnp = jax.numpy
+    rng = np.random.default_rng(3)
+    Ws = [jnp.asarray(rng.standard_normal((5, 7), dtype=np.float32)) for _ in range(2)]
+    xs = [jnp.asarray(rng.standard_normal(7, dtype=np.float32)) for _ in range(6)]
+    seen: list[tuple] = []
+    # first 3 samples: one of them off (spread too wide); with 3 more the spread is gone
+    answers = iter([([1e-3] * 3, [1.3e-3, 0.9e-3, 1.3e-3], True), ([1e-3] * 3, [1.3e-3] * 3, True)])
+
+    def fake_samples(jax_: Any, run1: Any, run2: Any, runs: int, execs: int = 1) -> tuple:
+        y1, y2 = run1(), run2()
+        seen.append((len(y1), len(y2), runs, execs))
+        for i, y in enumerate(y2):
+            np.testing.assert_allclose(np.asarray(y), np.asarray(Ws[i % 2]) @ np.asarray(xs[i]), rtol=1e-5)
+        return next(answers)
+
+    monkeypatch.setattr(bench, "wall_samples", fake_samples)
+    got = bench.time_jit_wall(jax, jnp.dot, Ws, xs, 3, 3, execs=2)
+    assert seen == [(3, 6, 3, 2), (3, 6, 3, 2)]  # the first estimate was retried
+    assert got["retried"] and got["stable"] and got["runs"] == 6
+    assert got["us"] == pytest.approx(0.3e-3 / (2 * 3) * 1e6)  # medians of both batches together
+    assert len(got["first_call_s"]) == 2
+    answers = iter([([1e-3] * 3, [2e-3] * 3, False)])
+    got = bench.time_jit_wall(jax, jnp.dot, Ws, xs, 3, 3)
+    assert not got["stable"] and "not all complete" in got["why"] and "retried" not in got
+    with pytest.raises(ValueError, match="needs 8 x vectors"):
+        bench.time_jit_wall(jax, jnp.dot, Ws, xs, 4, 3)
+
+
+def test_time_jit_wall_real_clock_on_cpu() -> None:
+    """The real clock path (no fakes): every sample is a positive time, the estimate is either a
+    stable number or says why not."""
+    jax = pytest.importorskip("jax")
+    jnp = jax.numpy
+    rng = np.random.default_rng(4)
+    Ws = [jnp.asarray(rng.standard_normal((256, 256), dtype=np.float32)) for _ in range(2)]
+    xs = [jnp.asarray(rng.standard_normal(256, dtype=np.float32)) for _ in range(16)]
+    got = bench.time_jit_wall(jax, jnp.dot, Ws, xs, 8, 5, execs=2)
+    assert (got["r1"], got["r2"], got["execs"]) == (8, 16, 2) and got["runs"] in (5, 10)
+    assert got["t1_ms"] > 0 and got["t2_ms"] > 0 and len(got["samples_us"]) == got["runs"]
+    assert got["stable"] == ("why" not in got) and (got["us"] > 0 or not got["stable"])
+
+
 # ---- gemvx._measure with NumPy in place of CuPy ----------------------------------------------
 
 @pytest.mark.parametrize("transpose", [False, True])
@@ -374,18 +613,32 @@ def test_bench_end_to_end_on_a_simulated_gpu(tmp_path: Path, monkeypatch: pytest
     monkeypatch.setattr(bench._CupyTimer, "_stream", None)
     monkeypatch.setattr(bench, "measure_ceiling", lambda *a, **k: {"read_gbps": 100.0, "buffer_bytes": 1 << 30,
                                                                   "read_best": None, "copy": None})
-    # The JAX door and XLA run for real on JAX's CPU backend; only the profile's kernel times are
-    # simulated (a CPU trace has no GPU timeline): 3 us per call for gemv_ffi, 4 for jnp.dot.
+    # The JAX door and XLA run for real on JAX's CPU backend (both jitted programs run in every
+    # wall sample); the clock is simulated: a program execution costs 20 us plus 3 us per call
+    # for gemv_ffi, 4 for jnp.dot, a sample 50 us more plus some jitter common to the pair.
+    # The profile's kernel times are simulated too (a CPU trace has no GPU timeline): 3.5 us per
+    # call for gemv_ffi, 3.6 for jnp.dot (as if the profiler counted PDL waits for ours).
     jax = pytest.importorskip("jax")
 
-    traces = []
+    traces: list[Any] = []
+    plans: list[tuple[int, int, int, int]] = []
+
+    def fake_wall_samples(jax_: Any, run1: Any, run2: Any, runs: int, execs: int = 1) -> tuple:
+        n1, n2 = len(run1()), len(run2())  # the programs' real results, one per call
+        per_call = 3e-6 if len(traces) % 2 == 0 else 4e-6  # each op's wall samples precede its profile
+        plans.append((n1, n2, runs, execs))
+        jitter = [1e-6 * ((7 * j) % 5) for j in range(runs)]
+        t1 = [50e-6 + execs * (20e-6 + n1 * per_call) + d for d in jitter]
+        t2 = [50e-6 + execs * (20e-6 + n2 * per_call) + d for d in jitter]
+        return t1, t2, True
 
     def fake_kernel_us(trace: Any, runs: int, calls: int) -> list[float]:
         traces.append(trace["traceEvents"] if isinstance(trace, dict) else trace)
-        return [3.0 if len(traces) % 2 else 4.0] * runs  # gemv_ffi is profiled first, then jnp.dot
+        return [3.5 if len(traces) % 2 else 3.6] * runs  # gemv_ffi is profiled first, then jnp.dot
 
     monkeypatch.setitem(bench._OPTIONAL, "jax", (jax, ""))
     monkeypatch.setattr(bench, "kernel_us_per_call", fake_kernel_us)
+    monkeypatch.setattr(bench, "wall_samples", fake_wall_samples)
     out = tmp_path / "sim.json"
     argv = ["--dtypes", "float16", "--layouts", "N,T", "--batches", "1,3",
             "--shapes", "64x96,40x33", "--no-torch", "--json", str(out), "--no-plot",
@@ -406,9 +659,21 @@ def test_bench_end_to_end_on_a_simulated_gpu(tmp_path: Path, monkeypatch: pytest
         assert "capture" in im["cublas"]["graph_error"] and "graph" not in im["cublas"]
         assert im["cublas"]["eager"]["us"] == pytest.approx(2 * us)
         assert {im[k]["status"] for k in ("torch", "triton")} == {"n/a"}
-        for k in ("gemv_ffi", "xla"):  # checked against the float64 reference, then profiled
+        for k in ("gemv_ffi", "xla"):  # checked against the float64 reference, then timed
             assert im[k]["status"] == "ok" and im[k]["rel_err"] < 1e-2, im[k]
-        assert im["gemv_ffi"]["jit"]["us"] == 3.0 and im["xla"]["jit"]["us"] == 4.0
+            w = im[k]["wall"]
+            assert (w["r1"], w["r2"], w["runs"], w["stable"]) == (4, 8, 31, True), w
+            assert w["iqr_us"] == pytest.approx(0.0, abs=1e-9) and "why" not in w
+        assert im["gemv_ffi"]["wall"]["us"] == pytest.approx(3.0)
+        assert im["xla"]["wall"]["us"] == pytest.approx(4.0)
+        assert im["gemv_ffi"]["kernel"]["us"] == 3.5 and im["xla"]["kernel"]["us"] == 3.6
+        assert im["gemv_ffi"]["kernel"]["reps"] == 4  # the profile is of the R1 program
     assert len(traces) == 2 * 8 and all(traces)
+    # the programs' lengths R1 and R2 = 2 R1; enough executions per sample for 1 ms of work
+    assert {p[:3] for p in plans} == {(4, 8, 31)} and len(plans) == 2 * 8
+    assert all(p[3] == bench.JIT_EXECS_MAX for p in plans)  # tiny programs: the most executions
     _, records = report.load([out])
+    # jnp.dot against gemv_ffi wall to wall (4 / 3), not by the profiler (3.6 / 3.5)
     assert all(report.best_ratio(r) == (pytest.approx(4.0 / 3.0), "xla") for r in records)
+    assert all(report.ffi_vs_cupy(r)["ratio"] == pytest.approx(3.0 / (r["M"] * r["K"] * 1e-3))
+               for r in records)
