@@ -2,7 +2,7 @@
 """Report of gemvx benchmark runs: tables, summary, the TARGETS check, BENCHMARKS.md and plots.
 
     python benchmarks/report.py RUN.json [RUN2.json ...] [--md BENCHMARKS.md] [--plot PREFIX]
-                                [--no-plot] [--spec-gbps G]
+                                [--no-plot] [--spec-gbps G] [--quant QUANT.json ...]
 
 Reads the JSON files ``benchmarks/bench.py --json`` writes (several parts of one run, e.g. one
 per dtype, are merged; a case measured in two files takes the later file's numbers), prints the
@@ -25,6 +25,11 @@ Definitions (benchmarks/README.md has the method):
     like with like); > 1 means gemvx beats every peer.
   * ffi/cupy = gemv_ffi's wall time / the CuPy door's graph time: the cost of the JAX door
     inside jit (the same kernel runs behind both doors); not a peer ratio.
+  * quantised rows (``--quant``, JSON of ``benchmarks/bench_quant.py``): speed-up = fp16 time /
+    quantised time on the same M x K, against the dense fp16 gemvx of the same quantised run and
+    against the best fp16 peer: the fastest of cuBLAS / torch / Triton / jnp.dot on that shape
+    (fp16, layout N, batch 1) in the dense files, each peer's own time (graph, else eager, else
+    jit), or the quantised run's own cuBLAS where the dense files lack the shape.
 """
 
 from __future__ import annotations
@@ -566,8 +571,134 @@ def _check_lines(title: str, checks: list[dict], md: bool, h: Callable[[int, str
     return out
 
 
+# ---- weight-only quantised rows (benchmarks/bench_quant.py) -------------------------------------
+
+QUANT_HEADER = ["M x K", "format", "x", "us", "GB/s", "%ceil", "cfg", "fp16 gemvx us", "best fp16 peer us",
+                "x vs gemvx fp16", "x vs best peer"]
+# Targets of the quantised kernels at W >= 64 MiB in fp16-equivalent size (M * K * 2 bytes).
+QUANT_TARGET_BYTES = 64 << 20
+QUANT_SPEEDUP = {4: 3.0, 8: 1.8}
+QUANT_PCT = 90.0
+
+
+def load_quant(paths: list[str | os.PathLike]) -> tuple[list[dict], list[dict]]:
+    """(metas, results) of bench_quant.py JSON files, in file order."""
+    metas, results = [], []
+    for path in paths:
+        with open(path) as fh:
+            d = json.load(fh)
+        if not isinstance(d, dict) or "results" not in d:
+            raise ValueError(f"{path}: not a bench_quant.py JSON file (no 'results')")
+        metas.append({**d.get("meta", {}), "file": Path(path).name})
+        results += [r for r in d["results"] if "rows" in r]
+    return metas, results
+
+
+def best_fp16_peer(records: list[dict], M: int, K: int) -> tuple[float, str] | None:
+    """The fastest fp16 peer (time, name) on M x K, layout N, batch 1, in the dense records."""
+    for rec in records:
+        if (rec.get("dtype"), rec.get("layout"), rec.get("nvec", rec.get("batch")), rec.get("M"), rec.get("K")) \
+                != ("float16", "N", 1, M, K):
+            continue
+        best = None
+        for key, label in PEERS:
+            t = timing(rec.get("impls", {}).get(key))
+            if t and not t.get("unstable") and (best is None or t["us"] < best[0]):
+                best = (t["us"], label + (" eager" if t["mode"] == "eager" else ""))
+        return best
+    return None
+
+
+def _quant_bits(name: str) -> int | None:
+    return int(name[3]) if name.startswith("int") and name[3:4] in ("4", "8") else None
+
+
+def quant_rows(results: list[dict], records: list[dict]) -> tuple[list[list[str]], list[dict]]:
+    """Table rows and per-row facts (for the target check) of the quantised results."""
+    rows, facts = [], []
+    for res in results:
+        M, K = res["M"], res["K"]
+        rws = res["rows"]
+        dense = timing(next((v for k, v in rws.items() if k.startswith("gemvx")), None))
+        blas = timing(next((v for k, v in rws.items() if k.startswith("cuBLAS")), None))
+        peer = best_fp16_peer(records, M, K)
+        if peer is None and blas:
+            peer = (blas["us"], "cuBLAS" + (" eager" if blas["mode"] == "eager" else "") + ", quantised run")
+        for name, r in rws.items():
+            bits = _quant_bits(name)
+            if bits is None:
+                continue
+            t = timing(r)
+            if t is None:
+                rows.append([f"{M}x{K}", name, res.get("x_dtype", "?"), f"{r.get('status')}", "", "", "",
+                             "", "", "", ""])
+                continue
+            cfg = r.get("config")
+            vs_dense = dense["us"] / t["us"] if dense else None
+            vs_peer = peer[0] / t["us"] if peer else None
+            facts.append({"M": M, "K": K, "format": name, "bits": bits, "x": res.get("x_dtype"),
+                          "us": t["us"], "pct": t.get("pct_ceiling"), "vs_peer": vs_peer,
+                          "peer": peer[1] if peer else None})
+            rows.append([f"{M}x{K}", name, res.get("x_dtype", "?"), _fmt_us(t["us"]),
+                         f"{t['gbps']:.0f}" if t.get("gbps") else "-",
+                         f"{t['pct_ceiling']:.0f}" if t.get("pct_ceiling") else "-",
+                         f"{cfg[0]}/{cfg[1]}" if cfg else "-",
+                         _fmt_us(dense["us"]) if dense else "-",
+                         f"{_fmt_us(peer[0])} ({peer[1]})" if peer else "-",
+                         f"{vs_dense:.2f}" if vs_dense else "-", f"{vs_peer:.2f}" if vs_peer else "-"])
+    return rows, facts
+
+
+def check_quant(facts: list[dict]) -> list[dict]:
+    """The quantised targets on the rows with W >= 64 MiB in fp16-equivalent size."""
+    big = [f for f in facts if f["M"] * f["K"] * 2 >= QUANT_TARGET_BYTES]
+    out = []
+    for bits, want in sorted(QUANT_SPEEDUP.items()):
+        fs = [f for f in big if f["bits"] == bits and f["vs_peer"]]
+        if not fs:
+            out.append({"target": f"int{bits} >= {want:.1f}x the best fp16 peer", "status": "N/A",
+                        "detail": "no quantised row at W >= 64 MiB fp16-equivalent with a peer time"})
+            continue
+        worst = min(fs, key=lambda f: f["vs_peer"])
+        out.append({"target": f"int{bits} >= {want:.1f}x the best fp16 peer (W >= 64 MiB fp16-equivalent)",
+                    "status": "PASS" if worst["vs_peer"] >= want else "FAIL",
+                    "detail": f"{len(fs)} rows: min {worst['vs_peer']:.2f}x ({worst['format']} {worst['M']}x"
+                              f"{worst['K']} vs {worst['peer']}), max {max(f['vs_peer'] for f in fs):.2f}x"})
+    fs = [f for f in big if f["pct"]]
+    if fs:
+        worst = min(fs, key=lambda f: f["pct"])
+        out.append({"target": f"packed bytes >= {QUANT_PCT:.0f}% of the read ceiling (W >= 64 MiB fp16-equivalent)",
+                    "status": "PASS" if worst["pct"] >= QUANT_PCT else "FAIL",
+                    "detail": f"{len(fs)} rows: min {worst['pct']:.0f}% ({worst['format']} {worst['M']}x{worst['K']}),"
+                              f" max {max(f['pct'] for f in fs):.0f}%"})
+    return out
+
+
+QUANT_EXPLAIN = (
+    "Weight-only quantised W (`benchmarks/bench_quant.py`: CuPy door, CUDA-graph replayed, operands rotated "
+    "past L2, batch 1). Formats: int8c = int8 with one scale per row; int4g128 = int4 with one scale per "
+    "128 values of a row; z = with zero points. GB/s and %ceil count the packed bytes (codes + scales + "
+    "zero points) + x + y against that run's read ceiling. x vs gemvx fp16 = the dense fp16 gemvx time of "
+    "the same run / the quantised time; x vs best peer = the fastest fp16 peer's time on that shape (see "
+    "the module docstring of report.py) / the quantised time.")
+
+
+def render_quant(qmetas: list[dict], results: list[dict], records: list[dict], md: bool,
+                 h: Callable[[int, str], str]) -> list[str]:
+    table = md_table if md else text_table
+    rows, facts = quant_rows(results, records)
+    out = [h(2, "Weight-only quantised GEMV"), ""]
+    for m in qmetas:
+        c = (m.get("ceiling") or {}).get("read_gbps")
+        out += [f"{m.get('file', '?')}: {m.get('date', '?')}, {_device_line(m)}"
+                + (f", read ceiling {c:.0f} GB/s" if c else ""), ""]
+    out += _check_lines("Quantised targets", check_quant(facts), md, lambda level, s: h(3, s))
+    out += ["", QUANT_EXPLAIN, "", table(QUANT_HEADER, rows, left=3), ""]
+    return out
+
+
 def render(metas: list[dict], records: list[dict], *, md: bool = False, spec: float | None = None,
-           plots: list[str] | None = None) -> str:
+           plots: list[str] | None = None, quant: tuple[list[dict], list[dict]] | None = None) -> str:
     """The whole report as text (stdout) or Markdown (BENCHMARKS.md)."""
     table = md_table if md else text_table
     device = (metas[0].get("device") or {}).get("name") if metas else None
@@ -597,6 +728,8 @@ def render(metas: list[dict], records: list[dict], *, md: bool = False, spec: fl
     for (d, lay, b), recs in groups(records):
         title = f"{d}, layout {lay} ({'W (M, K), y = W x' if lay == 'N' else 'W stored (K, M), y = W^T x'}), batch {b}"
         out += [h(3, title), "", table(TABLE_HEADER, [case_row(r) for r in recs]), ""]
+    if quant and quant[1]:
+        out += render_quant(quant[0], quant[1], records, md, h)
     if plots:
         out += [h(2, "Plots"), ""]
         out += [f"![{Path(p).stem}]({p})" if md else p for p in plots] + [""]
@@ -686,9 +819,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-plot", action="store_true", help="no plots")
     ap.add_argument("--spec-gbps", type=float, default=None,
                     help="spec bandwidth in GB/s for the bandwidth target (default: by device name)")
+    ap.add_argument("--quant", nargs="+", default=[], metavar="QUANT_JSON",
+                    help="benchmarks/bench_quant.py --json files: adds the quantised section")
     args = ap.parse_args(argv)
     try:
         metas, records = load(args.json)
+        quant = load_quant(args.quant) if args.quant else None
     except (OSError, ValueError) as exc:
         print(f"report.py: {exc}", file=sys.stderr)
         return 2
@@ -701,11 +837,11 @@ def main(argv: list[str] | None = None) -> int:
             plots = plot(records, prefix, spec, device)
         else:
             print("report.py: matplotlib is not installed: no plots", file=sys.stderr)
-    print(render(metas, records, spec=spec, plots=plots))
+    print(render(metas, records, spec=spec, plots=plots, quant=quant))
     if args.md:
         md_dir = Path(args.md).resolve().parent
         rel = [os.path.relpath(Path(p).resolve(), md_dir) for p in plots]
-        Path(args.md).write_text(render(metas, records, md=True, spec=spec, plots=rel) + "\n")
+        Path(args.md).write_text(render(metas, records, md=True, spec=spec, plots=rel, quant=quant) + "\n")
         print(f"\nreport.py: wrote {args.md}" + (f" and {', '.join(plots)}" if plots else ""), file=sys.stderr)
     return 0
 

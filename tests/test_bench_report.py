@@ -677,3 +677,47 @@ def test_bench_end_to_end_on_a_simulated_gpu(tmp_path: Path, monkeypatch: pytest
     assert all(report.best_ratio(r) == (pytest.approx(4.0 / 3.0), "xla") for r in records)
     assert all(report.ffi_vs_cupy(r)["ratio"] == pytest.approx(3.0 / (r["M"] * r["K"] * 1e-3))
                for r in records)
+
+
+# ---- quantised section (bench_quant.py JSON) -----------------------------------------------------
+
+def _quant_result(M: int, K: int, dense_us: float, rows: dict[str, tuple[float, float]]) -> dict:
+    """A bench_quant.py result: dense fp16 gemvx at ``dense_us``, cuBLAS eager 1.1 x that, and
+    each format name -> (us, % of the read ceiling)."""
+    out = {"gemvx float16": {"status": "ok", "graph": {"us": dense_us, "gbps": 1.0, "pct_ceiling": 99.0}},
+           "cuBLAS float16": {"status": "ok", "eager": {"us": 1.1 * dense_us}}}
+    for name, (us, pct) in rows.items():
+        out[name] = {"status": "ok", "graph": {"us": us, "gbps": 10.0 * pct, "pct_ceiling": pct},
+                     "config": [108, 1]}
+    return {"M": M, "K": K, "batch": 1, "x_dtype": "float16", "rows": out}
+
+
+def test_quant_section_targets_and_peers(tmp_path: Path) -> None:
+    dense = [_case("float16", "N", 1, 8192, 8192, 30.0, peers={"triton": 1.1, "cublas": 1.5})]
+    res = [
+        _quant_result(8192, 8192, 30.0, {"int8c": (18.0, 91.0), "int4g128": (10.5, 92.0)}),
+        _quant_result(4096, 14336, 28.0, {"int8c": (16.0, 80.0)}),  # no dense case: own cuBLAS
+        _quant_result(1024, 1024, 2.0, {"int4g128": (3.0, 10.0)}),  # below 64 MiB: no target
+    ]
+    path = tmp_path / "q.json"
+    path.write_text(json.dumps({"meta": _meta(), "results": res}))
+    qmetas, results = report.load_quant([path])
+    rows, facts = report.quant_rows(results, dense)
+    assert len(rows) == len(facts) == 4
+    by = {(f["M"], f["format"]): f for f in facts}
+    # best fp16 peer of 8192^2 is Triton at 1.1 x 30 us (graph), not the dense gemvx
+    assert by[8192, "int8c"]["vs_peer"] == pytest.approx(33.0 / 18.0)
+    assert by[8192, "int4g128"]["peer"] == "Triton"
+    # without a dense case the quantised run's own cuBLAS (eager) is the peer
+    assert by[4096, "int8c"]["vs_peer"] == pytest.approx(1.1 * 28.0 / 16.0)
+    assert "eager" in by[4096, "int8c"]["peer"]
+    checks = {c["target"].split(" ")[0]: c for c in report.check_quant(facts)}
+    # int8: 33 / 18 = 1.83 and 30.8 / 16 = 1.93 >= 1.8; int4: 33 / 10.5 = 3.14 >= 3.0 (the 1024^2 row
+    # at 1.0x is below 64 MiB and does not count); bandwidth: 80% < 90%
+    assert checks["int8"]["status"] == "PASS" and "min 1.83x" in checks["int8"]["detail"]
+    assert checks["int4"]["status"] == "PASS" and "1 rows: min 3.14x" in checks["int4"]["detail"]
+    assert checks["packed"]["status"] == "FAIL" and "min 80%" in checks["packed"]["detail"]
+    slow = [dict(f, vs_peer=2.9) if f["bits"] == 4 else f for f in facts]
+    assert {c["target"].split(" ")[0]: c["status"] for c in report.check_quant(slow)}["int4"] == "FAIL"
+    text = report.render(*report.load([_dump(tmp_path / "d.json", dense)]), quant=(qmetas, results))
+    assert "Weight-only quantised GEMV" in text and "int4g128" in text
