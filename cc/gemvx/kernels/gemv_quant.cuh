@@ -29,8 +29,8 @@
 //
 // Full chunks are loaded with 16-byte stream loads (VEC, when W rows and x are 16-byte aligned)
 // or byte / element loads otherwise; the last partial chunk of a row (K not a multiple of the
-// chunk) is loaded element-wise by the last split, with x = 0 past K. Split-K and the fixed-order
-// reduction across the warps of a block follow the dense row-major kernel.
+// chunk) is loaded element-wise by the last split, with x = 0 past K. Split-K (CLUSTER included)
+// and the fixed-order reduction across the warps of a block follow the dense row-major kernel.
 #pragma once
 
 #include <cstring>
@@ -155,7 +155,8 @@ __device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
-template <typename T, int BITS, int THREADS, int P1, int R, int U, int NV, bool VEC>
+template <typename T, int BITS, int THREADS, int P1, int R, int U, int NV, bool VEC,
+          bool CLUSTER>
 __global__ void __launch_bounds__(THREADS) gemv_quant(const QuantArgs q) {
   static_assert(BITS == 4 || BITS == 8, "int4 or int8 weights");
   static_assert(P1 % 4 == 0 && (THREADS / 32) % (P1 / 4) == 0, "P1 / 4 warps must divide the block");
@@ -168,6 +169,7 @@ __global__ void __launch_bounds__(THREADS) gemv_quant(const QuantArgs q) {
   constexpr int E = BITS == 4 ? 32 : 16;    // K values per 16-byte chunk
   constexpr int XQ = E * 2 / 16;            // 16-byte pieces of x per chunk
   const Args& a = q.a;
+  if constexpr (CLUSTER && !kClusters) return;
   pdl_wait();
 
   const int lane = threadIdx.x % 32;
@@ -393,6 +395,8 @@ __global__ void __launch_bounds__(THREADS) gemv_quant(const QuantArgs q) {
         const int v = nb * 8 + 2 * t + (j % 2);
         if (m < a.M && v < nv) store_output<T>(a, split, g, v0 + v, m, acc[rt][nb][j]);
       }
+  // Still here: the first warp (wk = 0) of each row slice, i.e. of each WK warps.
+  if constexpr (CLUSTER) cluster_finish<T, NV, ROWS, THREADS, 32 * WK, 32>(a);
 }
 
 }  // namespace kernels
