@@ -136,14 +136,6 @@ NB_MODULE(_ext, m) {
         nb::arg("splits"));
   m.def("effective_splits", &gemvx::effective_splits, nb::arg("problem"), nb::arg("config"),
         nb::arg("splits"));
-  m.def(
-      "cluster_size",
-      [](const Problem& plan, uintptr_t W, uintptr_t x, int config, int splits) {
-        return gemvx::cluster_size(with_operands(plan, W, x, 0, 0, 1.0f, 0.0f), config, splits);
-      },
-      nb::arg("plan"), nb::arg("W"), nb::arg("x"), nb::arg("config"), nb::arg("splits"),
-      "Blocks per thread-block cluster a launch with these W and x pointers would use on the "
-      "current device (1: none). Launches nothing.");
   m.def("status_message", [](int code) { return std::string(gemvx::status_message(gemvx::Code(code))); });
   m.def("cuda_error_string", [](int err) {
     return std::string(cudaGetErrorName(cudaError_t(err))) + ": " +

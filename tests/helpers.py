@@ -316,35 +316,6 @@ def idfn(value: Any) -> str | None:
     return None
 
 
-def split_shape(cfg: dict[str, Any], splits: int, bits: int = 0) -> tuple[int, int]:
-    """(M, K) for config ``cfg`` (a ``gemvx.configs()`` entry) with K long enough that ``splits``
-    splits are all used, whatever the dtype and alignment, plus a tail; ``bits`` 4 or 8 for a
-    Quant config (every split then runs two or more full steps, both register sets of the
-    pipelined loop, plus leftover chunks). M is odd."""
-    if bits:  # K units are 16-byte chunks of packed W; the last, partial chunk is a tail
-        per_chunk = 32 if bits == 4 else 16
-        return 45, (2 * splits + 1) * cfg["p1"] * cfg["unroll"] * per_chunk + 2 * per_chunk + 5
-    if cfg["layout"] == "N":  # K units are 16-byte chunks (8 elements at most); lanes * unroll each
-        return 5, splits * cfg["p1"] * cfg["unroll"] * 8 + 5
-    # K units are rows of W; a tensor-core warp along K takes 16-row groups (P2 tiles of 32 columns,
-    # so 2 x P2 x as many rows per step as the threads along K of a CUDA-core block).
-    slice_rows = 2 * cfg["p2"] if cfg["tensor_cores"] else 1
-    return 13, splits * (cfg["threads"] // cfg["p1"]) * slice_rows * cfg["unroll"] + 5
-
-
-def device_rows(cp: Any, a: np.ndarray, aligned: bool) -> Any:
-    """A device view of ``a`` whose rows start on 16-byte boundaries (aligned) or whose base is
-    one byte / element off (not aligned)."""
-    if aligned:
-        width = -(-a.shape[-1] * a.itemsize // 16) * 16 // a.itemsize + 16 // a.itemsize
-        base = cp.zeros(a.shape[:-1] + (width,), a.dtype)
-        base[..., : a.shape[-1]] = cp.asarray(a)
-        return base[..., : a.shape[-1]]
-    flat = cp.zeros(a.size + 1, a.dtype)
-    flat[1:] = cp.asarray(a).ravel()
-    return flat[1:].reshape(a.shape)
-
-
 # (W batch dims, x batch dims). Several put a vector dim (W broadcast) before a group dim (W
 # varies), so the work runs in (group, vector) order and the result is permuted back.
 BATCH_CASES = [

@@ -35,7 +35,6 @@ from helpers import (
     poisoned,
     random_array,
     ref_gemv,
-    split_shape,
     stored_shape,
     vector_view,
 )
@@ -289,6 +288,16 @@ def test_fortran_w_takes_configs_of_the_other_layout(cp: Any, rng: np.random.Gen
 
 # ---- every compiled config, split-K, aligned and unaligned -----------------------------------------
 
+def _split_shape(cfg: dict[str, Any]) -> tuple[int, int]:
+    """(M, K) with K long enough that 7 splits are all used, whatever the dtype and alignment."""
+    if cfg["layout"] == "N":  # K units are 16-byte chunks (8 elements at most); lanes * unroll each
+        return 5, 7 * cfg["p1"] * cfg["unroll"] * 8 + 5
+    # K units are rows of W; a tensor-core warp along K takes 16-row groups (P2 tiles of 32 columns,
+    # so 2 x P2 x as many rows per step as the threads along K of a CUDA-core block).
+    slice_rows = 2 * cfg["p2"] if cfg["tensor_cores"] else 1
+    return 13, 7 * (cfg["threads"] // cfg["p1"]) * slice_rows * cfg["unroll"] + 5
+
+
 @pytest.mark.parametrize("cfg_id,dtype,splits,aligned,shape_kind", cases(
     [c["id"] for c in CONFIGS], DTYPES, (1, 2, 7), BOOLS, ("odd", "split")))
 def test_every_config(cp: Any, rng: np.random.Generator, cfg_id: int, dtype: str, splits: int,
@@ -297,7 +306,7 @@ def test_every_config(cp: Any, rng: np.random.Generator, cfg_id: int, dtype: str
     odd K or M leaves a scalar tail) and on the scalar variant (W one element off 16 bytes)."""
     cfg = CONFIG_BY_ID[cfg_id]
     transpose = cfg["layout"] == "T"
-    M, K = (37, 1031) if shape_kind == "odd" else split_shape(cfg, 7)
+    M, K = (37, 1031) if shape_kind == "odd" else _split_shape(cfg)
     B = cfg["max_vectors"] + 3  # a full chunk of vectors and a partial one
     w_base_shape, w_view = matrix_view("padded" if aligned else "flat_offset", stored_shape(M, K, transpose))
     x_base_shape, x_view = vector_view("padded" if aligned else "c", (B, K))

@@ -25,13 +25,11 @@ from helpers import (
     capture,
     cases,
     dequantize64,
-    device_rows,
     idfn,
     poisoned,
     quant_id,
     random_array,
     random_quantized,
-    split_shape,
 )
 
 GPU = pytest.mark.gpu
@@ -131,6 +129,27 @@ def test_matrix_batches(cp: Any, rng: np.random.Generator, w_batch: tuple[int, .
 
 # ---- every config: aligned and unaligned, split-K, tails ------------------------------------------
 
+def _config_shape(cfg: dict[str, Any], bits: int, splits: int) -> tuple[int, int]:
+    """(M, K): K long enough for every split to run two or more full unrolled steps of every
+    lane (both register sets of the pipelined loop), plus leftover chunks and a partial chunk (a
+    tail); M not a multiple of the block's rows."""
+    per_chunk = 32 if bits == 4 else 16
+    return 45, (2 * splits + 1) * cfg["p1"] * cfg["unroll"] * per_chunk + 2 * per_chunk + 5
+
+
+def _padded(cp: Any, a: np.ndarray, aligned: bool) -> Any:
+    """A device view of ``a`` whose rows start on 16-byte boundaries (aligned) or whose base is
+    one byte / element off (not aligned)."""
+    if aligned:
+        width = -(-a.shape[-1] * a.itemsize // 16) * 16 // a.itemsize + 16 // a.itemsize
+        base = cp.zeros(a.shape[:-1] + (width,), a.dtype)
+        base[..., : a.shape[-1]] = cp.asarray(a)
+        return base[..., : a.shape[-1]]
+    flat = cp.zeros(a.size + 1, a.dtype)
+    flat[1:] = cp.asarray(a).ravel()
+    return flat[1:].reshape(a.shape)
+
+
 # Groups shorter than the 4 chunks a quad feeds into one mma (int4 g < 128, int8 g < 64) scale
 # each weight before the mma; longer groups and per-channel scales scale the mma's tile after it.
 GROUP_BY_KIND = {(4, "pre"): 64, (4, "post"): 128, (8, "pre"): 32, (8, "post"): None}
@@ -142,16 +161,16 @@ GROUP_BY_KIND = {(4, "pre"): 64, (4, "post"): 128, (8, "pre"): 32, (8, "post"): 
 def test_every_config(cp: Any, rng: np.random.Generator, cfg_id: int, bits: int, x_dtype: str,
                       splits: int, aligned: bool, scaling: str) -> None:
     cfg = next(c for c in QUANT_CONFIGS if c["id"] == cfg_id)
-    M, K = split_shape(cfg, splits, bits)
+    M, K = _config_shape(cfg, bits, splits)
     B = cfg["max_vectors"] + 3  # a full chunk of vectors and a partial one
     group = GROUP_BY_KIND[bits, scaling]
     fmt = (bits, group, bits == 4)
     q = random_quantized(rng, (M, K), fmt, "float16")
     x = random_array(rng, (B, K), x_dtype)
-    q_d = gemvx.QuantizedWeight(device_rows(cp, q.packed, aligned), cp.asarray(q.scales),
+    q_d = gemvx.QuantizedWeight(_padded(cp, q.packed, aligned), cp.asarray(q.scales),
                                 None if q.zeros is None else cp.asarray(q.zeros), bits=bits,
                                 group_size=group, K=K)
-    x_d = device_rows(cp, x, aligned)
+    x_d = _padded(cp, x, aligned)
     # the test exercises what it says: the 16-byte loads or not, every split used
     spec, dtype, plan, _a, beta = _plan.check_quant_call(q_d, x_d, None, 1.0, 0.0, False)
     prep = _plan.prepare_quant(cp, q_d, spec, x_d, None, beta, plan, dtype).prep

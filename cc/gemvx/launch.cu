@@ -6,9 +6,6 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
-#include <map>
-#include <mutex>
-#include <tuple>
 #include <type_traits>
 
 #include "configs.h"
@@ -29,106 +26,42 @@ constexpr int64_t kMaxGridZ = 65535;
 
 // ----- config families: how a config maps onto a kernel and a grid ---------------------------
 
-// Compute capability major of the current device (0 when it cannot be read), cached per device;
-// *dev receives the device.
-int current_major(int* dev) {
-  static std::atomic<int8_t> known[64] = {};
-  if (cudaGetDevice(dev) != cudaSuccess || *dev < 0 || *dev >= 64) return 0;
-  int8_t k = known[*dev].load(std::memory_order_relaxed);
-  if (k == 0) {
-    int major = 0;
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, *dev) != cudaSuccess)
-      return 0;
-    k = int8_t(major);
-    known[*dev].store(k, std::memory_order_relaxed);
-  }
-  return k;
-}
-
-// False when the environment variable `name` is "0" (switches for comparison runs).
-bool env_allows(const char* name) {
-  const char* e = std::getenv(name);
-  return e == nullptr || std::strcmp(e, "0") != 0;
-}
-
 // GPUs that can overlap a launch with the previous kernel's tail (programmatic dependent launch,
 // compute capability 9.0+; the kernels' pdl_begin() keeps memory ordered). GEMVX_PDL=0 in the
-// environment turns it off (for comparison).
+// environment turns it off (for comparison). Cached per device.
 bool pdl_enabled() {
-  static const bool allowed = env_allows("GEMVX_PDL");
+  static const bool allowed = [] {
+    const char* e = std::getenv("GEMVX_PDL");
+    return e == nullptr || std::strcmp(e, "0") != 0;
+  }();
+  static std::atomic<int8_t> known[64] = {};
   int dev = 0;
-  return allowed && current_major(&dev) >= 9;
+  if (!allowed || cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
+  int8_t k = known[dev].load(std::memory_order_relaxed);
+  if (k == 0) {
+    int major = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
+      return false;
+    k = major >= 9 ? 1 : -1;
+    known[dev].store(k, std::memory_order_relaxed);
+  }
+  return k > 0;
 }
 
-// Split-K in one kernel: whether the `splits` blocks of an output tile can run as one thread-block
-// cluster that adds the splits up itself (cluster_finish in kernels/common.cuh), with no second
-// pass. Needs compute capability 9.0+ (GEMVX_CLUSTER=0 in the environment turns it off, for
-// comparison), 2..kMaxClusterSplits splits, the kernel compiled from sm_90+ PTX (older PTX,
-// JIT-compiled for a newer GPU, has no cluster epilogue), and clusters of that size that the GPU
-// can co-schedule (cudaOccupancyMaxActiveClusters > 0). Cached per (kernel, device, splits); a
-// query that fails means no, and its error is cleared.
-bool cluster_fits(const void* kernel, int threads, int splits) {
-  static const bool allowed = env_allows("GEMVX_CLUSTER");
-  int dev = 0;
-  if (!allowed || splits < 2 || splits > kernels::kMaxClusterSplits || current_major(&dev) < 9)
-    return false;
-  static std::mutex mu;
-  static std::map<std::tuple<const void*, int, int>, bool> known;
-  const auto key = std::make_tuple(kernel, dev, splits);
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    const auto it = known.find(key);
-    if (it != known.end()) return it->second;
-  }
-  bool ok = false;
-  cudaFuncAttributes fa{};
-  if (cudaFuncGetAttributes(&fa, kernel) == cudaSuccess && fa.ptxVersion >= 90) {
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = 1;
-    attr[0].val.clusterDim.y = unsigned(splits);
-    attr[0].val.clusterDim.z = 1;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(1, unsigned(splits), 1);
-    cfg.blockDim = dim3(unsigned(threads));
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    int clusters = 0;
-    ok = cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) == cudaSuccess && clusters > 0;
-  }
-  cudaGetLastError();
-  std::lock_guard<std::mutex> lock(mu);
-  known[key] = ok;
-  return ok;
-}
-
-// Every kernel goes through here: PDL where the GPU has it, and clusters of `cluster` blocks along
-// y (1: none; the caller has checked cluster_fits). Returns the launch's error.
+// Every kernel goes through here. The launch error is read by the caller (cudaGetLastError).
 template <typename A, typename... P>
-cudaError_t launch_kernel(void (*kernel)(P...), dim3 grid, int threads, cudaStream_t s, const A& a,
-                          int cluster = 1) {
-  cudaLaunchAttribute attr[2];
-  unsigned n = 0;
-  if (pdl_enabled()) {
-    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[n].val.programmaticStreamSerializationAllowed = 1;
-    ++n;
-  }
-  if (cluster > 1) {
-    attr[n].id = cudaLaunchAttributeClusterDimension;
-    attr[n].val.clusterDim.x = 1;
-    attr[n].val.clusterDim.y = unsigned(cluster);
-    attr[n].val.clusterDim.z = 1;
-    ++n;
-  }
+void launch_kernel(void (*kernel)(P...), dim3 grid, int threads, cudaStream_t s, const A& a) {
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = dim3(unsigned(threads));
   cfg.dynamicSmemBytes = 0;
   cfg.stream = s;
   cfg.attrs = attr;
-  cfg.numAttrs = n;
-  return cudaLaunchKernelEx(&cfg, kernel, a);
+  cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  cudaLaunchKernelEx(&cfg, kernel, a);
 }
 
 // KIND: 0 = CUDA cores, 1 = CUDA cores with software-pipelined loads, 2 = tensor cores (gemv_mma)
@@ -147,15 +80,13 @@ struct RowMajorFamily {
   static int64_t min_units_per_split() { return int64_t(TPR) * U; }
   static int64_t round_span(int64_t s) { return (s + TPR - 1) / TPR * TPR; }
   static int64_t grid_x(const Problem& p, int) { return (p.M + THREADS / TPR * R - 1) / (THREADS / TPR * R); }
-  // The kernel that runs this config for element type T (VEC: the 16-byte body; CLUSTER: the
-  // splits of a tile add up at its end, in one thread-block cluster).
-  template <typename T, bool VEC, bool CLUSTER>
-  static auto kernel() {
+  template <typename T, bool VEC>
+  static void launch(dim3 grid, cudaStream_t s, const Args& a) {
     if constexpr (KIND == 2 && VEC && sizeof(T) == 2)
-      return kernels::gemv_mma<T, THREADS, TPR, R, U, CLUSTER>;
+      launch_kernel(kernels::gemv_mma<T, THREADS, TPR, R, U>, grid, THREADS, s, a);
     else
-      return kernels::gemv_rowmajor<T, THREADS, TPR, R, KIND == 2 ? 1 : U, NV, KIND == 1, VEC,
-                                    CLUSTER>;
+      launch_kernel(kernels::gemv_rowmajor<T, THREADS, TPR, R, KIND == 2 ? 1 : U, NV, KIND == 1, VEC>,
+                    grid, THREADS, s, a);
   }
 };
 template <int THREADS, int TPR, int R, int U, int NV>
@@ -187,12 +118,12 @@ struct TransposedFamily {
     const int64_t chunks = (p.M + vw - 1) / vw;
     return (chunks + CB - 1) / CB;
   }
-  template <typename T, bool VEC, bool CLUSTER>
-  static auto kernel() {
+  template <typename T, bool VEC>
+  static void launch(dim3 grid, cudaStream_t s, const Args& a) {
     if constexpr (MMA && VEC && sizeof(T) == 2)
-      return kernels::gemv_mma_t<T, THREADS, CB, P2, U, CLUSTER>;
+      launch_kernel(kernels::gemv_mma_t<T, THREADS, CB, P2, U>, grid, THREADS, s, a);
     else
-      return kernels::gemv_transposed<T, THREADS, CB, U, NV, VEC, CLUSTER>;
+      launch_kernel(kernels::gemv_transposed<T, THREADS, CB, U, NV, VEC>, grid, THREADS, s, a);
   }
 };
 template <int THREADS, int CB, int P2, int U, int NV>
@@ -219,20 +150,20 @@ struct Quant {
   static int64_t min_units_per_split() { return int64_t(P1) * U; }
   static int64_t round_span(int64_t s) { return (s + P1 - 1) / P1 * P1; }
   static int64_t grid_x(const Problem& p, int) { return (p.M + kRows - 1) / kRows; }
-  // The kernel for a scaling mode (kernels/gemv_quant.cuh): once per row, per chunk tile when a
+  // How the scales are applied (kernels/gemv_quant.cuh): once per row, per chunk tile when a
   // group spans the 4 chunks of a quad, else per weight pair (always, in the unaligned variant).
-  template <typename T, int BITS, bool VEC, bool CLUSTER>
-  static auto kernel(kernels::Scaling scaling) {
+  template <typename T, int BITS, bool VEC>
+  static void launch(dim3 grid, cudaStream_t s, const kernels::QuantArgs& q) {
     using kernels::Scaling;
-    if constexpr (!VEC) {
-      return kernels::gemv_quant<T, BITS, THREADS, P1, R, U, NV, false, Scaling::kPre, CLUSTER>;
-    } else {
-      if (scaling == Scaling::kRow)
-        return kernels::gemv_quant<T, BITS, THREADS, P1, R, U, NV, true, Scaling::kRow, CLUSTER>;
-      if (scaling == Scaling::kGroup)
-        return kernels::gemv_quant<T, BITS, THREADS, P1, R, U, NV, true, Scaling::kGroup, CLUSTER>;
-      return kernels::gemv_quant<T, BITS, THREADS, P1, R, U, NV, true, Scaling::kPre, CLUSTER>;
-    }
+    constexpr int kQuadShift = BITS == 4 ? 7 : 6;  // log2(4 chunks x 32 or 16 values)
+    if constexpr (!VEC)
+      launch_kernel(kernels::gemv_quant<T, BITS, THREADS, P1, R, U, NV, false, Scaling::kPre>, grid, THREADS, s, q);
+    else if (q.group_shift >= kPerRowShift)
+      launch_kernel(kernels::gemv_quant<T, BITS, THREADS, P1, R, U, NV, true, Scaling::kRow>, grid, THREADS, s, q);
+    else if (q.group_shift >= kQuadShift)
+      launch_kernel(kernels::gemv_quant<T, BITS, THREADS, P1, R, U, NV, true, Scaling::kGroup>, grid, THREADS, s, q);
+    else
+      launch_kernel(kernels::gemv_quant<T, BITS, THREADS, P1, R, U, NV, true, Scaling::kPre>, grid, THREADS, s, q);
   }
 };
 
@@ -319,53 +250,27 @@ Status from_cuda(cudaError_t e) {
   return {Code::kCudaError, int32_t(e)};
 }
 
-// The status of a launch: its own error, else what cudaGetLastError() reports (which clears the
-// launch's error either way).
-Status launch_status(cudaError_t launch_error) {
-  const cudaError_t last = cudaGetLastError();
-  return from_cuda(launch_error != cudaSuccess ? launch_error : last);
-}
-
 template <typename T>
 Status launch_finish(const Args& a, cudaStream_t s) {
   const int64_t n = a.groups * a.nvec * a.M;
   const int64_t blocks = std::min<int64_t>((n + 255) / 256, 65535);
-  return launch_status(launch_kernel(kernels::finish<T>, dim3(unsigned(blocks)), 256, s, a));
+  launch_kernel(kernels::finish<T>, dim3(unsigned(blocks)), 256, s, a);
+  return from_cuda(cudaGetLastError());
 }
 
-// One request to the launcher: the split count asked for, the workspace and the stream. With
-// cluster_out set, nothing is launched: the cluster size the launch would use is written there.
-struct Call {
-  int splits;
-  void* ws;
-  std::size_t ws_size;
-  cudaStream_t stream;
-  int* cluster_out;
-};
-
 // The part of a launch every family shares: the split plan, the workspace check, the grid (z
-// cut into launches of at most 65535 (group, vector-chunk) slices) and the split-K sum. The
-// splits of a tile add up inside the kernel where `in_cluster` (the CLUSTER variant of `kernel`,
-// or null) can run them as one cluster, else in a second pass. `params` is the kernels'
-// argument block and `a` the Args inside it.
-template <typename Fam, typename T, typename Params>
-Status run_grid(const Problem& p, bool vec, const Call& c, void (*kernel)(Params),
-                void (*in_cluster)(Params), Params& params, Args& a) {
+// cut into launches of at most 65535 (group, vector-chunk) slices) and the split-K second pass.
+// `a` is the Args inside the kernel's argument block; launch_one(grid) launches the kernel.
+template <typename Fam, typename T, typename Launch>
+Status run_grid(const Problem& p, bool vec, int requested_splits, void* ws, std::size_t ws_size,
+                cudaStream_t stream, Args& a, Launch&& launch_one) {
   int splits;
-  plan_splits<Fam>(p, vec, c.splits, &a.split_span, &splits);
-  const bool one_kernel = splits > 1 && in_cluster != nullptr &&
-                          cluster_fits(reinterpret_cast<const void*>(in_cluster), Fam::kThreads, splits);
-  const int cluster = one_kernel ? splits : 1;
-  if (c.cluster_out != nullptr) {
-    *c.cluster_out = cluster;
-    return {};
-  }
-  if (one_kernel) kernel = in_cluster;
+  plan_splits<Fam>(p, vec, requested_splits, &a.split_span, &splits);
   a.splits = splits;
-  a.ws = static_cast<float*>(c.ws);
+  a.ws = static_cast<float*>(ws);
   if (splits > 1) {
     const std::size_t need = std::size_t(splits) * p.groups * p.nvec * p.M * sizeof(float);
-    if (c.ws == nullptr || c.ws_size < need) return {Code::kWorkspaceTooSmall, 0};
+    if (ws == nullptr || ws_size < need) return {Code::kWorkspaceTooSmall, 0};
   }
   a.vchunks = int32_t((p.nvec + Fam::kNV - 1) / Fam::kNV);
   const int64_t gx = Fam::grid_x(p, vec_width<T>(vec));
@@ -374,24 +279,25 @@ Status run_grid(const Problem& p, bool vec, const Call& c, void (*kernel)(Params
   cudaGetLastError();  // clear a stale, non-sticky error so it is not reported as ours
   for (int64_t z0 = 0; z0 < total_z; z0 += kMaxGridZ) {
     a.z_offset = z0;
-    const dim3 grid(unsigned(gx), unsigned(splits), unsigned(std::min(kMaxGridZ, total_z - z0)));
-    Status st = launch_status(launch_kernel(kernel, grid, Fam::kThreads, c.stream, params, cluster));
+    launch_one(dim3(unsigned(gx), unsigned(splits), unsigned(std::min(kMaxGridZ, total_z - z0))));
+    Status st = from_cuda(cudaGetLastError());
     if (!st.ok()) return st;
   }
-  if (splits > 1 && !one_kernel) return launch_finish<T>(a, c.stream);
+  if (splits > 1) return launch_finish<T>(a, stream);
   return {};
 }
 
-// The 16-byte body has CLUSTER variants; the scalar variant (operands without 16-byte alignment)
-// always adds the splits in a second pass.
 template <typename Fam, typename T>
-Status run_typed(const Problem& p, const Call& c) {
+Status run_typed(const Problem& p, int requested_splits, void* ws, std::size_t ws_size,
+                 cudaStream_t stream) {
   const bool vec = vector_ok(p);
   Args a = make_args(p);
-  if (vec)
-    return run_grid<Fam, T, Args>(p, vec, c, Fam::template kernel<T, true, false>(),
-                                  Fam::template kernel<T, true, true>(), a, a);
-  return run_grid<Fam, T, Args>(p, vec, c, Fam::template kernel<T, false, false>(), nullptr, a, a);
+  return run_grid<Fam, T>(p, vec, requested_splits, ws, ws_size, stream, a, [&](dim3 grid) {
+    if (vec)
+      Fam::template launch<T, true>(grid, stream, a);
+    else
+      Fam::template launch<T, false>(grid, stream, a);
+  });
 }
 
 // ----- quantised W --------------------------------------------------------------------------
@@ -405,7 +311,8 @@ bool quant_vector_ok(const Problem& p) {
 }
 
 template <typename Fam, typename T, int BITS>
-Status run_quant_typed(const Problem& p, const Call& c) {
+Status run_quant_typed(const Problem& p, int requested_splits, void* ws, std::size_t ws_size,
+                       cudaStream_t stream) {
   const bool vec = quant_vector_ok(p);
   kernels::QuantArgs q{};
   q.a = make_args(p);
@@ -419,66 +326,44 @@ Status run_quant_typed(const Problem& p, const Call& c) {
   while (p.group_size > 0 && (int64_t(1) << shift) < p.group_size) ++shift;
   q.group_shift = p.group_size > 0 ? shift : kPerRowShift;  // per channel: every k in group 0
   q.scale_dtype = int32_t(p.scale_dtype);
-  using Q = kernels::QuantArgs;
-  using kernels::Scaling;
-  constexpr int kQuadShift = BITS == 4 ? 7 : 6;  // log2(4 chunks x 32 or 16 values)
-  const Scaling sc = q.group_shift >= kPerRowShift ? Scaling::kRow
-                     : q.group_shift >= kQuadShift ? Scaling::kGroup
-                                                   : Scaling::kPre;
-  if (vec)
-    return run_grid<Fam, T, Q>(p, vec, c, Fam::template kernel<T, BITS, true, false>(sc),
-                               Fam::template kernel<T, BITS, true, true>(sc), q, q.a);
-  return run_grid<Fam, T, Q>(p, vec, c, Fam::template kernel<T, BITS, false, false>(sc), nullptr, q,
-                             q.a);
+  return run_grid<Fam, T>(p, vec, requested_splits, ws, ws_size, stream, q.a, [&](dim3 grid) {
+    if (vec)
+      Fam::template launch<T, BITS, true>(grid, stream, q);
+    else
+      Fam::template launch<T, BITS, false>(grid, stream, q);
+  });
 }
 
 template <typename Fam>
-Status run_quant(const Problem& p, const Call& c) {
+Status run_quant(const Problem& p, int splits, void* ws, std::size_t ws_size, cudaStream_t stream) {
   const bool f16 = p.dtype == DType::kFloat16;
   if (p.wbits == 4)
-    return f16 ? run_quant_typed<Fam, __half, 4>(p, c) : run_quant_typed<Fam, __nv_bfloat16, 4>(p, c);
-  return f16 ? run_quant_typed<Fam, __half, 8>(p, c) : run_quant_typed<Fam, __nv_bfloat16, 8>(p, c);
+    return f16 ? run_quant_typed<Fam, __half, 4>(p, splits, ws, ws_size, stream)
+               : run_quant_typed<Fam, __nv_bfloat16, 4>(p, splits, ws, ws_size, stream);
+  return f16 ? run_quant_typed<Fam, __half, 8>(p, splits, ws, ws_size, stream)
+             : run_quant_typed<Fam, __nv_bfloat16, 8>(p, splits, ws, ws_size, stream);
 }
 
 template <typename Fam>
-Status run_dense(const Problem& p, const Call& c) {
+Status run_dense(const Problem& p, int splits, void* ws, std::size_t ws_size, cudaStream_t stream) {
   if (Fam::kTrans != p.trans) return {Code::kInvalidConfig, 0};
   switch (p.dtype) {
     case DType::kFloat32:
-      return run_typed<Fam, float>(p, c);
+      return run_typed<Fam, float>(p, splits, ws, ws_size, stream);
     case DType::kFloat16:
-      return run_typed<Fam, __half>(p, c);
+      return run_typed<Fam, __half>(p, splits, ws, ws_size, stream);
     case DType::kBFloat16:
-      return run_typed<Fam, __nv_bfloat16>(p, c);
+      return run_typed<Fam, __nv_bfloat16>(p, splits, ws, ws_size, stream);
   }
   return {Code::kInvalidArgument, 0};
 }
 
 template <typename Fam>
-Status run(const Problem& p, const Call& c) {
+Status run(const Problem& p, int splits, void* ws, std::size_t ws_size, cudaStream_t stream) {
   if constexpr (IsQuant<Fam>::value)
-    return run_quant<Fam>(p, c);
+    return run_quant<Fam>(p, splits, ws, ws_size, stream);
   else
-    return run_dense<Fam>(p, c);
-}
-
-// The config is compiled and runs this problem's layout and kind of W.
-bool config_fits(const Problem& p, int config) {
-  const ConfigInfo* info = find_config(config);
-  return info != nullptr && info->trans == p.trans && info->quant == (p.wbits != 0);
-}
-
-// The config list's dispatch: config id -> family -> run.
-Status run_config(const Problem& p, int config, const Call& c) {
-#define GEMVX_CASE(id, fam, th, p1, p2, u, nv) \
-  case id:                                     \
-    return run<fam<th, p1, p2, u, nv>>(p, c);
-  switch (config) {
-    GEMVX_CONFIGS(GEMVX_CASE)
-    default:
-      return {Code::kInvalidConfig, 0};
-  }
-#undef GEMVX_CASE
+    return run_dense<Fam>(p, splits, ws, ws_size, stream);
 }
 
 template <typename Fam>
@@ -522,18 +407,13 @@ std::size_t workspace_bytes(const Problem& p, int config, int splits) {
          sizeof(float);
 }
 
-int cluster_size(const Problem& p, int config, int splits) {
-  if (!config_fits(p, config) || p.M <= 0 || p.K <= 0 || p.groups <= 0 || p.nvec <= 0) return 1;
-  int cluster = 1;
-  const Call c{splits, nullptr, 0, nullptr, &cluster};
-  return run_config(p, config, c).ok() ? cluster : 1;
-}
-
 Status launch(const Problem& p, int config, int splits, void* ws, std::size_t ws_size,
               void* stream_ptr) {
   Status st = validate(p);
   if (!st.ok()) return st;
-  if (!config_fits(p, config)) return {Code::kInvalidConfig, 0};
+  const ConfigInfo* info = find_config(config);
+  if (info == nullptr || info->trans != p.trans || info->quant != (p.wbits != 0))
+    return {Code::kInvalidConfig, 0};
   if (p.M == 0 || p.groups == 0 || p.nvec == 0) return {};  // empty result: nothing to launch
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
   if (p.K == 0) {
@@ -548,7 +428,15 @@ Status launch(const Problem& p, int config, int splits, void* ws, std::size_t ws
     }
     return {Code::kInvalidArgument, 0};
   }
-  return run_config(p, config, Call{splits, ws, ws_size, stream, nullptr});
+#define GEMVX_CASE(id, fam, th, p1, p2, u, nv) \
+  case id:                                     \
+    return run<fam<th, p1, p2, u, nv>>(p, splits, ws, ws_size, stream);
+  switch (config) {
+    GEMVX_CONFIGS(GEMVX_CASE)
+    default:
+      return {Code::kInvalidConfig, 0};
+  }
+#undef GEMVX_CASE
 }
 
 }  // namespace gemvx

@@ -35,18 +35,9 @@ int effective_splits(const Problem& p, int config, int splits);
 std::size_t workspace_bytes(const Problem& p, int config, int splits);
 
 // Runs y = alpha * op(W) x + beta * y_in on `stream` (a cudaStream_t; 0 is the legacy stream).
-// `splits` > 1 asks for split-K (needs workspace_bytes() of device memory in `workspace`): on
-// compute capability 9.0+ with 2..8 splits, the splits of a tile form one thread-block cluster and
-// add up inside the kernel (environment GEMVX_CLUSTER=0: never); otherwise a second kernel adds
-// them. Both add in the same fixed order: the same bits either way.
+// `splits` > 1 asks for split-K (needs workspace_bytes() of device memory in `workspace`).
 Status launch(const Problem& p, int config, int splits, void* workspace,
               std::size_t workspace_size, void* stream);
-
-// Blocks per thread-block cluster the launch of this problem on the current device would use (the
-// splits of a tile, adding up inside the kernel), or 1 (no clusters: no split-K, or a second
-// pass). Reads sizes and strides only; pointers left null count as 16-byte aligned. Launches
-// nothing.
-int cluster_size(const Problem& p, int config, int splits);
 
 // CPU reference of the same Problem (host pointers), double accumulation.
 Status reference(const Problem& p);

@@ -1,6 +1,5 @@
 // Small device helpers shared by the GEMV kernels: element conversion, 16-byte loads with cache
-// hints, warp reduction, the output stores (split-K included), and the argument block every
-// kernel receives.
+// hints, warp reduction, and the argument block every kernel receives.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -29,17 +28,6 @@ struct Args {
   int32_t vchunks;     // ceil(nvec / NV)
   float alpha, beta;
 };
-
-// Split-K in one kernel: the kernels' CLUSTER variants (launch.cu picks them for 2..
-// kMaxClusterSplits splits, the most blocks a cluster holds without opting in to non-portable
-// sizes). Thread-block clusters exist from sm_90 on; compiled for older GPUs, a CLUSTER variant
-// is empty (kClusters false: the kernels return at once) and is never launched.
-inline constexpr int kMaxClusterSplits = 8;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-inline constexpr bool kClusters = false;
-#else
-inline constexpr bool kClusters = true;
-#endif
 
 // Raw storage for one load: 16 bytes in the vector body, one element in the scalar path.
 template <typename T, bool VEC>
@@ -163,20 +151,8 @@ struct BlockWork {
   }
 };
 
-// y = alpha * acc + beta * y_in for one output (y_in not read when beta == 0). Every path that
-// ends in y goes through here (one kernel, the split-K second pass, the cluster epilogue), so
-// they round alike.
-template <typename T>
-__device__ __forceinline__ void write_y(const Args& a, int64_t g, int64_t v, int64_t m, float acc) {
-  float out = a.alpha * acc;
-  if (a.beta != 0.0f) {
-    const T* yi = static_cast<const T*>(a.y_in);
-    out += a.beta * to_float(yi[g * a.y_in_group + v * a.y_in_vec + m]);
-  }
-  static_cast<T*>(a.y)[g * a.y_group + v * a.y_vec + m] = from_float<T>(out);
-}
-
-// Final store of one output: y (write_y), or the partial sum into the split-K workspace.
+// Final store of one output: y = alpha * acc + beta * y_in (y_in not read when beta == 0), or the
+// partial sum into the split-K workspace.
 template <typename T>
 __device__ __forceinline__ void store_output(const Args& a, int split, int64_t g, int64_t v,
                                              int64_t m, float acc) {
@@ -184,89 +160,12 @@ __device__ __forceinline__ void store_output(const Args& a, int split, int64_t g
     a.ws[((int64_t(split) * a.groups + g) * a.nvec + v) * a.M + m] = acc;
     return;
   }
-  write_y<T>(a, g, v, m, acc);
-}
-
-// threadIdx.x and blockIdx, read where they are used (volatile: not merged with the reads at the
-// kernel's start, so nothing derived from those is kept in registers for the epilogue).
-__device__ __forceinline__ int tid_now() {
-  unsigned t;
-  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(t));
-  return int(t);
-}
-__device__ __forceinline__ uint3 ctaid_now() {
-  uint3 c;
-  asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(c.x));
-  asm volatile("mov.u32 %0, %%ctaid.y;" : "=r"(c.y));
-  asm volatile("mov.u32 %0, %%ctaid.z;" : "=r"(c.z));
-  return c;
-}
-
-// The end of a CLUSTER kernel: the launcher has made the `splits` blocks of one tile (same
-// blockIdx.x and .z; blockIdx.y = split) one thread-block cluster, of dims (1, splits, 1). Each
-// block has written its partial sums to the workspace, as for the second pass; the cluster then
-// meets at barrier.cluster (arrive has release, wait acquire semantics: when the wait completes,
-// the memory accesses every thread of the cluster made before its arrive are complete and
-// visible). The threads still running then share the tile's outputs, up to NV vectors by ROWS
-// rows (those past nvec or M skipped): block `split` takes outputs split * LIVE + live, stride
-// splits * LIVE. Each adds the splits' partials in split order from 0 and writes y through
-// write_y: the arithmetic of finish.cuh in its order, so the bits of the two-kernel path.
-// Threads that have stored their last partial may exit before: the barrier waits for the
-// non-exited threads of the cluster only (PTX ISA, barrier.cluster). Those still running are, of
-// each run of SPAN consecutive threads of the block, the first KEEP (all: SPAN = KEEP).
-// It is a call, not inlined, that reads blockIdx / threadIdx again: inlined, or fed with the
-// kernel's own values, it changed how ptxas allocated and scheduled the kernel's main loop (fewer
-// registers and fewer loads ahead of the math, or spills, in several configs); as a call with
-// scalar arguments the main loop compiles as in the plain kernel, in most configs to the register.
-template <typename T, int NV, int ROWS, int THREADS, int SPAN, int KEEP>
-__device__ __noinline__ void cluster_sum(const float* ws, T* y, const T* y_in, int64_t M,
-                                         int64_t nvec, int64_t per_split, int64_t z_offset,
-                                         int64_t y_vec, int64_t y_group, int64_t y_in_vec,
-                                         int64_t y_in_group, int32_t vchunks, int32_t splits,
-                                         float alpha, float beta) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  constexpr int LIVE = THREADS / SPAN * KEEP;
-  asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory");
-  Args e{};  // what write_y reads
-  e.y = y;
-  e.y_in = y_in;
-  e.y_vec = y_vec;
-  e.y_group = y_group;
-  e.y_in_vec = y_in_vec;
-  e.y_in_group = y_in_group;
-  e.alpha = alpha;
-  e.beta = beta;
-  const uint3 block = ctaid_now();
-  const int64_t z = z_offset + block.z;  // the tile, as in BlockWork
-  const int64_t g = z / vchunks, v0 = (z % vchunks) * NV, m0 = int64_t(block.x) * ROWS;
-  const int nv = int(nvec - v0 < NV ? nvec - v0 : NV);
-  const float* tile = ws + (g * nvec + v0) * M + m0;
-  const int live = tid_now() / SPAN * KEEP + tid_now() % SPAN;
-  for (int o = int(block.y) * LIVE + live; o < nv * ROWS; o += splits * LIVE) {
-    const int v = o / ROWS, r = o % ROWS;
-    if (m0 + r >= M) continue;
-    // All loads first (L2: other SMs wrote them), then the additions in split order.
-    const float* p = tile + int64_t(v) * M + r;
-    float part[kMaxClusterSplits];
-#pragma unroll
-    for (int q = 0; q < kMaxClusterSplits; ++q, p += per_split)
-      part[q] = q < splits ? __ldcg(p) : 0.0f;
-    float s = 0.0f;
-#pragma unroll
-    for (int q = 0; q < kMaxClusterSplits; ++q)
-      if (q < splits) s += part[q];
-    write_y<T>(e, g, v0 + v, m0 + r, s);
+  float out = a.alpha * acc;
+  if (a.beta != 0.0f) {
+    const T* yi = static_cast<const T*>(a.y_in);
+    out += a.beta * to_float(yi[g * a.y_in_group + v * a.y_in_vec + m]);
   }
-#endif
-}
-
-// What a CLUSTER kernel calls last (see cluster_sum).
-template <typename T, int NV, int ROWS, int THREADS, int SPAN, int KEEP>
-__device__ __forceinline__ void cluster_finish(const Args& a) {
-  cluster_sum<T, NV, ROWS, THREADS, SPAN, KEEP>(
-      a.ws, static_cast<T*>(a.y), static_cast<const T*>(a.y_in), a.M, a.nvec,
-      a.groups * a.nvec * a.M, a.z_offset, a.y_vec, a.y_group, a.y_in_vec, a.y_in_group,
-      a.vchunks, a.splits, a.alpha, a.beta);
+  static_cast<T*>(a.y)[g * a.y_group + v * a.y_vec + m] = from_float<T>(out);
 }
 
 }  // namespace kernels

@@ -1,7 +1,5 @@
 // Second pass of split-K: y = alpha * sum_s ws[s] + beta * y_in, adding the splits in a fixed
 // order (bitwise reproducible, no atomics). With splits == 0 it is the K == 0 case: y = beta*y_in.
-// On Hopper, 2..8 splits add up inside the GEMV kernel instead (cluster_finish in common.cuh, the
-// same additions in the same order).
 #pragma once
 
 #include "common.cuh"
@@ -20,7 +18,12 @@ __global__ void __launch_bounds__(256) finish(const Args a) {
     for (int q = 0; q < a.splits; ++q) s += a.ws[q * per_split + o];
     const int64_t m = o % a.M;
     const int64_t gv = o / a.M;
-    write_y<T>(a, gv / a.nvec, gv % a.nvec, m, s);
+    const int64_t v = gv % a.nvec;
+    const int64_t g = gv / a.nvec;
+    float out = a.alpha * s;
+    if (a.beta != 0.0f)
+      out += a.beta * to_float(static_cast<const T*>(a.y_in)[g * a.y_in_group + v * a.y_in_vec + m]);
+    static_cast<T*>(a.y)[g * a.y_group + v * a.y_vec + m] = from_float<T>(out);
   }
 }
 

@@ -15,8 +15,8 @@
 // chunks 4wk..4wk+3 of each step) and meet in shared memory in a fixed order; the block's other
 // warps (WR = warps / WK) take further rows at the same K, so they read the same x chunks at the
 // same time (L1 hits: x costs 16 / rows-per-block of W's traffic). A warp owns P2 8-row tiles, so a
-// block has THREADS / TPR * P2 rows, as in the RowMajor family. Split-K (CLUSTER included) and the
-// K % 8 tail work as in the CUDA-core kernel (the tail is added by the lane storing the output).
+// block has THREADS / TPR * P2 rows, as in the RowMajor family. Split-K and the K % 8 tail work as
+// in the CUDA-core kernel (the tail is added by the lane that stores the output).
 // Vectors past nvec are zero rows of A. fp32, and operands without 16-byte alignment, run the
 // CUDA-core kernel with the same parameters instead (launch.cu).
 #pragma once
@@ -56,7 +56,7 @@ __device__ __forceinline__ void mma_chunk(float (&acc)[TILES][4], const uint4 (&
   }
 }
 
-template <typename T, int THREADS, int TPR, int TILES, int U, bool CLUSTER>
+template <typename T, int THREADS, int TPR, int TILES, int U>
 __global__ void __launch_bounds__(THREADS) gemv_mma(const Args a) {
   constexpr int NV = 16;
   constexpr int VW = 8;
@@ -66,7 +66,6 @@ __global__ void __launch_bounds__(THREADS) gemv_mma(const Args a) {
   constexpr int ROWS = 8 * WR * TILES;
   static_assert(THREADS % 32 == 0 && sizeof(T) == 2, "gemv_mma: 16-bit types, whole warps");
   static_assert(TPR % 4 == 0 && WK >= 1 && WARPS % WK == 0, "gemv_mma: TPR = 4 x (warps along K)");
-  if constexpr (CLUSTER && !kClusters) return;
   pdl_wait();
 
   const int lane = threadIdx.x % 32;
@@ -168,8 +167,6 @@ __global__ void __launch_bounds__(THREADS) gemv_mma(const Args a) {
       }
       store_output<T>(a, split, g, v0 + v, m, s);
     }
-  // Still here: the first warp along K (wk = 0) of each row slice, i.e. of each WK warps.
-  if constexpr (CLUSTER) cluster_finish<T, NV, ROWS, THREADS, 32 * WK, 32>(a);
 }
 
 }  // namespace kernels

@@ -19,10 +19,10 @@
 // Block: CB 16-byte column chunks as in the CUDA-core kernel (same grid); a warp takes TILES (P2)
 // tiles of 32 columns, so WM = CB / (4 TILES) warps lie along M and WK = warps / WM split the
 // block's K range (warp wk takes groups wk, wk + WK, ...; U groups in flight), meeting in shared
-// memory in a fixed order. Split-K across blocks as in the other kernels (CLUSTER included). Rows
-// past the split's end and vectors past nvec are zeros; columns past M are zeros and never stored;
-// a chunk that crosses M is read element by element. fp32 and operands without 16-byte alignment
-// run the CUDA-core kernel instead (launch.cu).
+// memory in a fixed order. Split-K across blocks as in the other kernels. Rows past the split's end
+// and vectors past nvec are zeros; columns past M are zeros and never stored; a chunk that crosses
+// M is read element by element. fp32 and operands without 16-byte alignment run the CUDA-core
+// kernel instead (launch.cu).
 #pragma once
 
 #include "common.cuh"
@@ -79,7 +79,7 @@ __device__ __forceinline__ void mma_group(float (&acc)[TILES][4][4], const uint4
   }
 }
 
-template <typename T, int THREADS, int CB, int TILES, int U, bool CLUSTER>
+template <typename T, int THREADS, int CB, int TILES, int U>
 __global__ void __launch_bounds__(THREADS) gemv_mma_t(const Args a) {
   constexpr int NV = 16;
   constexpr int WARPS = THREADS / 32;
@@ -89,7 +89,6 @@ __global__ void __launch_bounds__(THREADS) gemv_mma_t(const Args a) {
   static_assert(THREADS % 32 == 0 && sizeof(T) == 2, "gemv_mma_t: 16-bit types, whole warps");
   static_assert(CB % (4 * TILES) == 0 && WM >= 1 && WARPS % WM == 0,
                 "gemv_mma_t: CB = 4 x TILES x (warps along M)");
-  if constexpr (CLUSTER && !kClusters) return;
   pdl_wait();
 
   const int lane = threadIdx.x % 32;
@@ -216,8 +215,6 @@ __global__ void __launch_bounds__(THREADS) gemv_mma_t(const Args a) {
         const int64_t m = col0 + 32 * c + 2 * j + (i & 1);
         if (v < nv && m < a.M) store_output<T>(a, split, g, v0 + v, m, acc[c][j][i]);
       }
-  // Still here: the first warp along K (wk = 0) of each column slice, i.e. warps 0 .. WM - 1.
-  if constexpr (CLUSTER) cluster_finish<T, NV, CB * 8, THREADS, THREADS, WM * 32>(a);
 }
 
 }  // namespace kernels

@@ -34,8 +34,8 @@
 //
 // Full chunks are loaded with 16-byte stream loads (VEC, when W rows and x are 16-byte aligned)
 // or byte / element loads otherwise; the last partial chunk of a row (K not a multiple of the
-// chunk) is loaded element-wise by the last split, with x = 0 past K. Split-K (CLUSTER included)
-// and the fixed-order reduction across the warps of a block follow the dense row-major kernel.
+// chunk) is loaded element-wise by the last split, with x = 0 past K. Split-K and the fixed-order
+// reduction across the warps of a block follow the dense row-major kernel.
 #pragma once
 
 #include <cstring>
@@ -210,9 +210,7 @@ enum class Scaling { kPre, kGroup, kRow };
 
 // The loop is software-pipelined: the next step's chunks (W, scales, zero points) are loaded
 // into a second set of registers before the current step's math.
-// CLUSTER: split-K adds up inside the kernel (cluster_finish in common.cuh).
-template <typename T, int BITS, int THREADS, int P1, int R, int U, int NV, bool VEC, Scaling S,
-          bool CLUSTER>
+template <typename T, int BITS, int THREADS, int P1, int R, int U, int NV, bool VEC, Scaling S>
 __global__ void __launch_bounds__(THREADS) gemv_quant(const QuantArgs q) {
   static_assert(BITS == 4 || BITS == 8, "int4 or int8 weights");
   static_assert(P1 % 4 == 0 && (THREADS / 32) % (P1 / 4) == 0, "P1 / 4 warps must divide the block");
@@ -227,7 +225,6 @@ __global__ void __launch_bounds__(THREADS) gemv_quant(const QuantArgs q) {
   constexpr int XQ = E * 2 / 16;            // 16-byte pieces of x per chunk
   constexpr int MMAS = BITS == 4 ? 8 : 4;   // mmas per chunk, m-tile and n-tile
   const Args& a = q.a;
-  if constexpr (CLUSTER && !kClusters) return;
   pdl_wait();
 
   const int lane = threadIdx.x % 32;
@@ -549,8 +546,6 @@ __global__ void __launch_bounds__(THREADS) gemv_quant(const QuantArgs q) {
         const int v = nb * 8 + 2 * t + (j % 2);
         if (m < a.M && v < nv) store_output<T>(a, split, g, v0 + v, m, acc[rt][nb][0][j]);
       }
-  // Still here: the first warp (wk = 0) of each row slice, i.e. of each WK warps.
-  if constexpr (CLUSTER) cluster_finish<T, NV, ROWS, THREADS, 32 * WK, 32>(a);
 }
 
 }  // namespace kernels

@@ -6,9 +6,7 @@
 // step's loads are issued before the current step's math, so they stay in flight whatever order
 // ptxas picks (without it, ptxas sometimes interleaves loads with math; scripts/check_sass.py). Partial sums meet in a shuffle (and, for TPR > 32, one shared-memory
 // step in fixed order, so results are bitwise reproducible). With split-K, blockIdx.y selects a
-// contiguous K range and the partial sums go to the workspace; finish.cuh adds them in order, or,
-// with CLUSTER (the splits of a tile are one thread-block cluster), cluster_finish (common.cuh)
-// at the end of this kernel.
+// contiguous K range and the partial sums go to the workspace; finish.cuh adds them in order.
 #pragma once
 
 #include "common.cuh"
@@ -16,7 +14,7 @@
 namespace gemvx {
 namespace kernels {
 
-template <typename T, int THREADS, int TPR, int R, int U, int NV, bool PIPE, bool VEC, bool CLUSTER>
+template <typename T, int THREADS, int TPR, int R, int U, int NV, bool PIPE, bool VEC>
 __global__ void __launch_bounds__(THREADS) gemv_rowmajor(const Args a) {
   static_assert(THREADS % TPR == 0 && (TPR & (TPR - 1)) == 0, "TPR must be a power of two");
   constexpr int VW = kVecWidth<T, VEC>;
@@ -26,7 +24,6 @@ __global__ void __launch_bounds__(THREADS) gemv_rowmajor(const Args a) {
   constexpr int WARP_TPR = TPR < 32 ? TPR : 32;
   constexpr int WARPS_PER_ROW = TPR / WARP_TPR;
 
-  if constexpr (CLUSTER && !kClusters) return;
   pdl_wait();
   const int lane = threadIdx.x % TPR;
   const int grp = threadIdx.x / TPR;
@@ -186,8 +183,6 @@ __global__ void __launch_bounds__(THREADS) gemv_rowmajor(const Args a) {
       if (lane == (j * NV + v) % WARP_TPR && row[j] < a.M && v < nv)
         store_output<T>(a, split, g, v0 + v, row[j], acc[j][v]);
     }
-  // Still here: the first WARP_TPR lanes of each row (all of them for TPR <= 32).
-  if constexpr (CLUSTER) cluster_finish<T, NV, ROWS, THREADS, TPR, WARP_TPR>(a);
 }
 
 }  // namespace kernels

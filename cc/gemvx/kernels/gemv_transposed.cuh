@@ -3,7 +3,7 @@
 // Each thread owns 16 bytes of consecutive outputs (VW columns) and walks K; CB threads span the
 // columns of a block (one warp reads 512 contiguous bytes of a row), and THREADS / CB slices of
 // the block split K, meeting in shared memory in a fixed order. UNROLL rows are in flight per
-// thread. Split-K across blocks as in the row-major kernel (CLUSTER included).
+// thread. Split-K across blocks as in the row-major kernel.
 #pragma once
 
 #include "common.cuh"
@@ -11,14 +11,13 @@
 namespace gemvx {
 namespace kernels {
 
-template <typename T, int THREADS, int CB, int U, int NV, bool VEC, bool CLUSTER>
+template <typename T, int THREADS, int CB, int U, int NV, bool VEC>
 __global__ void __launch_bounds__(THREADS) gemv_transposed(const Args a) {
   static_assert(THREADS % CB == 0, "CB must divide THREADS");
   constexpr int VW = kVecWidth<T, VEC>;
   using Chunk = Raw<T, VEC>;
   constexpr int KS = THREADS / CB;  // K slices per block
 
-  if constexpr (CLUSTER && !kClusters) return;
   pdl_wait();
   const int ct = threadIdx.x % CB;
   const int ks = threadIdx.x / CB;
@@ -114,7 +113,6 @@ __global__ void __launch_bounds__(THREADS) gemv_transposed(const Args a) {
       __syncthreads();
     }
   }
-  if constexpr (CLUSTER) cluster_finish<T, NV, CB * VW, THREADS, THREADS, THREADS>(a);  // all here
 }
 
 }  // namespace kernels
