@@ -405,19 +405,23 @@ __global__ void __launch_bounds__(THREADS) gemv_quant(const QuantArgs q) {
       auto target = [&](int nb, int i) -> float(&)[4] {
         return S == Scaling::kGroup ? tile[nb][i % 2] : acc[rt][nb][i % 2];
       };
+      // kPre: the pairs of rows g and g + 8 times their scales, in x's dtype.
+      auto prescale = [&](auto& lo, auto& hi) {
+        if constexpr (S == Scaling::kPre) {
+#pragma unroll
+          for (int j = 0; j < int(sizeof(lo) / sizeof(lo[0])); ++j) {
+            lo[j] = Q::mul(lo[j], s2[0]);
+            hi[j] = Q::mul(hi[j], s2[1]);
+          }
+        }
+      };
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         if constexpr (BITS == 4) {
           uint32_t lo[4], hi[4];
           int4x8<T>(word_of(ch.w[rt][0], i), magic, bias_lo[0], bias_hi[0], lo);
           int4x8<T>(word_of(ch.w[rt][1], i), magic, bias_lo[1], bias_hi[1], hi);
-          if constexpr (S == Scaling::kPre) {
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-              lo[j] = Q::mul(lo[j], s2[0]);
-              hi[j] = Q::mul(hi[j], s2[1]);
-            }
-          }
+          prescale(lo, hi);
 #pragma unroll
           for (int nb = 0; nb < NB; ++nb) {
             Q::mma(target(nb, i), lo[0], hi[0], lo[1], hi[1], b[nb][2 * i][0], b[nb][2 * i][1]);
@@ -427,13 +431,7 @@ __global__ void __launch_bounds__(THREADS) gemv_quant(const QuantArgs q) {
           uint32_t lo[2], hi[2];
           Q::int8x4(word_of(ch.w[rt][0], i), lo);
           Q::int8x4(word_of(ch.w[rt][1], i), hi);
-          if constexpr (S == Scaling::kPre) {
-#pragma unroll
-            for (int j = 0; j < 2; ++j) {
-              lo[j] = Q::mul(lo[j], s2[0]);
-              hi[j] = Q::mul(hi[j], s2[1]);
-            }
-          }
+          prescale(lo, hi);
 #pragma unroll
           for (int nb = 0; nb < NB; ++nb) Q::mma(target(nb, i), lo[0], hi[0], lo[1], hi[1], b[nb][i][0], b[nb][i][1]);
         }
@@ -472,19 +470,18 @@ __global__ void __launch_bounds__(THREADS) gemv_quant(const QuantArgs q) {
   int64_t cb = c_begin;
   int64_t steps = (c_end - c_begin) / STEP;
   if (steps > 0) {
-    // Two register sets in turn: set A holds the step at cb, set B the next one.
+    // Two register sets in turn: `cur` holds the step at cb, `next` receives the one after it
+    // while `cur` is consumed; true when the split's last full step is done.
     Chunk ca[UL], cbuf[UL];
+    auto step = [&](Chunk (&cur)[UL], Chunk (&next)[UL]) {
+      if (steps > 1) fetch_step(next, cb + STEP);
+      consume_step(cur, cb);
+      cb += STEP;
+      return --steps == 0;
+    };
     fetch_step(ca, cb);
 #pragma unroll 1
-    while (true) {
-      if (steps > 1) fetch_step(cbuf, cb + STEP);
-      consume_step(ca, cb);
-      cb += STEP;
-      if (--steps == 0) break;
-      if (steps > 1) fetch_step(ca, cb + STEP);
-      consume_step(cbuf, cb);
-      cb += STEP;
-      if (--steps == 0) break;
+    while (!step(ca, cbuf) && !step(cbuf, ca)) {
     }
   }
   for (; cb < c_end; cb += P1) {
