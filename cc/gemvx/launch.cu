@@ -137,6 +137,8 @@ using TransposedMma = TransposedFamily<true, THREADS, CB, P2, U, NV>;
 // vectors per pass over W (8 per n-tile).
 // QuantArgs::group_shift of one scale per row (every k in group 0).
 constexpr int kPerRowShift = 62;
+// The longest quantised row: K (and the k of every element) must fit a signed 32-bit offset.
+constexpr int64_t kMaxQuantK = (int64_t(1) << 31) - 64;
 
 template <int THREADS, int P1, int R, int U, int NV>
 struct Quant {
@@ -313,6 +315,8 @@ bool quant_vector_ok(const Problem& p) {
 template <typename Fam, typename T, int BITS>
 Status run_quant_typed(const Problem& p, int requested_splits, void* ws, std::size_t ws_size,
                        cudaStream_t stream) {
+  // The kernel addresses inside a row with 32-bit offsets (k, bytes and chunks of a row).
+  if (p.K > kMaxQuantK) return {Code::kUnsupported, 0};
   const bool vec = quant_vector_ok(p);
   kernels::QuantArgs q{};
   q.a = make_args(p);

@@ -59,6 +59,9 @@ struct QuantArgs {
   int32_t scale_dtype;  // DType code of the scales
 };
 
+// Everything the kernel indexes inside one row is addressed with 32-bit offsets: the launcher
+// refuses quantised rows of 2^31 bytes or more.
+
 __device__ __forceinline__ uint32_t bits_of(__half2 h) {
   uint32_t u;
   memcpy(&u, &h, 4);
@@ -108,10 +111,8 @@ struct QuantMath<__half> : PairOps<__half2> {
   static __device__ __forceinline__ uint32_t splat(float v) { return bits_of(__float2half2_rn(v)); }
   // Biases for int4x8: (1024 + z) for the low nibbles, -(64 + z) for the high ones.
   static __device__ __forceinline__ void int4_bias(uint32_t zp, uint32_t& lo, uint32_t& hi) {
-    const uint32_t b = 0x6400u + zp;          // 1024 + z (ulp 1)
-    const uint32_t nb = 0xD400u + 16 * zp;    // -(64 + z) (ulp 1/16 in [64, 128))
-    lo = b | (b << 16);
-    hi = nb | (nb << 16);
+    lo = 0x64006400u + zp * 0x00010001u;  // 1024 + z (ulp 1), in both halves (no carry: z < 16)
+    hi = 0xD400D400u + zp * 0x00100010u;  // -(64 + z) (ulp 1/16 in [64, 128))
   }
   // Four signed bytes -> two pairs (k0, k1), (k2, k3), exact.
   static __device__ __forceinline__ void int8x4(uint32_t w, uint32_t (&p)[2]) {
@@ -134,8 +135,7 @@ struct QuantMath<__nv_bfloat16> : PairOps<__nv_bfloat162> {
   }
   // Bias for int4x8: (128 + z) (bf16 shifts every nibble down; no high-nibble bias).
   static __device__ __forceinline__ void int4_bias(uint32_t zp, uint32_t& lo, uint32_t& hi) {
-    const uint32_t b = 0x4300u + zp;  // 128 + z (ulp 1)
-    lo = b | (b << 16);
+    lo = 0x43004300u + zp * 0x00010001u;  // 128 + z (ulp 1), in both halves
     hi = 0u;
   }
   static __device__ __forceinline__ void int8x4(uint32_t w, uint32_t (&p)[2]) {
@@ -187,11 +187,33 @@ __device__ __forceinline__ void int4x8(uint32_t w, uint32_t magic, uint32_t bias
   }
 }
 
-__device__ __forceinline__ float load_scale(const void* s, int64_t i, int32_t dtype) {
-  if (dtype == int32_t(DType::kFloat32)) return __ldg(static_cast<const float*>(s) + i);
-  const unsigned short u = __ldg(static_cast<const unsigned short*>(s) + i);
-  if (dtype == int32_t(DType::kFloat16)) return __half2float(__ushort_as_half(u));
-  return __uint_as_float(uint32_t(u) << 16);
+// The scale dtype of a launch as three bit masks, all ones for the dtype the scales have.
+struct ScaleKind {
+  uint32_t f32, bf16, f16;
+  __device__ __forceinline__ explicit ScaleKind(int32_t dtype) {
+    f32 = dtype == int32_t(DType::kFloat32) ? ~0u : 0u;
+    bf16 = dtype == int32_t(DType::kBFloat16) ? ~0u : 0u;
+    f16 = ~(f32 | bf16);
+    // opaque: the compiler would otherwise turn the masks below back into branches
+    asm("" : "+r"(f32), "+r"(bf16), "+r"(f16));
+  }
+};
+
+// The scale at byte address p (4 bytes for float32, else 2) as fp32, without branches, so that
+// the loads of a step issue together.
+__device__ __forceinline__ float scale_at(const char* p, const ScaleKind& k) {
+  const uint32_t u = k.f32 ? __ldg(reinterpret_cast<const unsigned int*>(p))
+                           : uint32_t(__ldg(reinterpret_cast<const unsigned short*>(p)));
+  const uint32_t h = __float_as_uint(__half2float(__ushort_as_half((unsigned short)(u & 0xFFFFu))));
+  return __uint_as_float((u & k.f32) | ((u << 16) & k.bf16) | (h & k.f16));
+}
+
+// Hides how p was computed, so the compiler keeps the pointer in a register instead of computing
+// it again from the row index in every step of the loop.
+template <typename P>
+__device__ __forceinline__ P* opaque(P* p) {
+  asm("" : "+l"(p));
+  return p;
 }
 
 __device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
@@ -242,30 +264,36 @@ __global__ void __launch_bounds__(THREADS) gemv_quant(const QuantArgs q) {
 
   const uint8_t* W = static_cast<const uint8_t*>(a.W) + g * a.w_group;
   const T* X = static_cast<const T*>(a.x) + g * a.x_group + v0 * a.x_vec;
-  const int64_t row_bytes = BITS == 4 ? (a.K + 1) / 2 : a.K;
+  const int row_bytes = int(BITS == 4 ? (a.K + 1) / 2 : a.K);
+  // Scales: fp32 or 16-bit, addressed in bytes; the group of chunk c is c >> chunk_shift (31 for
+  // one scale per row: always group 0).
+  const ScaleKind sk(q.scale_dtype);
+  const int s_shift = q.scale_dtype == int32_t(DType::kFloat32) ? 2 : 1;
+  const int chunk_shift = min(q.group_shift - (BITS == 4 ? 5 : 4), 31);
+  const bool has_zeros = q.zeros != nullptr;
 
   // Rows past M read the last row (in bounds, never stored). [rt][0]: row g, [rt][1]: row g + 8.
   int64_t row[R][2];
   const uint8_t* wrow[R][2];
-  int64_t srow[R][2], zrow[R][2];
+  const char* srow[R][2];
+  const uint8_t* zrow[R][2];
 #pragma unroll
   for (int rt = 0; rt < R; ++rt)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       row[rt][h] = int64_t(blockIdx.x) * ROWS + (wr * R + rt) * 16 + gq + 8 * h;
       const int64_t r = row[rt][h] < a.M ? row[rt][h] : a.M - 1;
-      wrow[rt][h] = W + r * a.ldw;
-      srow[rt][h] = g * q.s_group + r * q.lds;
-      zrow[rt][h] = g * q.z_group + r * q.ldz;
+      wrow[rt][h] = opaque(W + r * a.ldw);
+      srow[rt][h] = opaque(static_cast<const char*>(q.scales) + ((g * q.s_group + r * q.lds) << s_shift));
+      zrow[rt][h] = opaque(has_zeros ? q.zeros + g * q.z_group + r * q.ldz : q.zeros);
     }
-  // This lane's B columns: vectors gq and gq + 8 (n-tile 1); columns past nvec stay zero.
-  bool has_x[NB];
+  // This lane's B columns: vectors gq and gq + 8 (n-tile 1). Columns past nvec read the first
+  // vector: a column of B only reaches the same column of C, and those are never stored.
   const T* xv[NB];
 #pragma unroll
   for (int nb = 0; nb < NB; ++nb) {
     const int v = nb * 8 + gq;
-    has_x[nb] = v < nv;
-    xv[nb] = X + int64_t(has_x[nb] ? v : 0) * a.x_vec;
+    xv[nb] = opaque(X + int64_t(v < nv ? v : 0) * a.x_vec);
   }
 
   // kRow: the rows' one scale and zero point (group 0).
@@ -276,10 +304,9 @@ __global__ void __launch_bounds__(THREADS) gemv_quant(const QuantArgs q) {
     for (int rt = 0; rt < R; ++rt)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        row_s[rt][h] = load_scale(q.scales, srow[rt][h], q.scale_dtype);
+        row_s[rt][h] = scale_at(srow[rt][h], sk);
         if constexpr (BITS == 4)
-          Q::int4_bias(q.zeros == nullptr ? 8u : uint32_t(__ldg(q.zeros + zrow[rt][h])) & 15u,
-                       row_blo[rt][h], row_bhi[rt][h]);
+          Q::int4_bias(has_zeros ? uint32_t(__ldg(zrow[rt][h])) & 15u : 8u, row_blo[rt][h], row_bhi[rt][h]);
       }
   }
   const uint32_t magic = Q::kMagic;
@@ -305,8 +332,21 @@ __global__ void __launch_bounds__(THREADS) gemv_quant(const QuantArgs q) {
   // Loads chunk c (if `valid`) and the scales / zero points of the group of chunk sc (if
   // `svalid`; kGroup: the quad's first chunk, whose group the whole quad shares). EDGE: the last,
   // partial chunk of the rows (element loads, zeros past K).
-  auto fetch = [&](Chunk& ch, int64_t c, bool valid, int64_t sc, bool svalid, bool edge) {
-    const int64_t grp = (sc * E) >> q.group_shift;
+  auto fetch_meta = [&](Chunk& ch, int sc, bool svalid) {
+    if constexpr (S != Scaling::kRow) {
+      const int grp = sc >> chunk_shift;
+#pragma unroll
+      for (int rt = 0; rt < R; ++rt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          ch.s[rt][h] = svalid ? scale_at(srow[rt][h] + (grp << s_shift), sk) : 0.0f;
+          if constexpr (BITS == 4)
+            ch.zp[rt][h] = svalid && has_zeros ? uint32_t(__ldg(zrow[rt][h] + grp)) & 15u : 8u;
+        }
+    }
+  };
+  auto fetch = [&](Chunk& ch, int c, bool valid, int sc, bool svalid, bool edge) {
+    fetch_meta(ch, sc, svalid);
 #pragma unroll
     for (int rt = 0; rt < R; ++rt)
 #pragma unroll
@@ -319,15 +359,10 @@ __global__ void __launch_bounds__(THREADS) gemv_quant(const QuantArgs q) {
           uint32_t wd[4] = {0u, 0u, 0u, 0u};
 #pragma unroll
           for (int b = 0; b < 16; ++b) {
-            const int64_t i = c * 16 + b;
+            const int i = c * 16 + b;
             if (!edge || i < row_bytes) wd[b / 4] |= uint32_t(__ldg(wrow[rt][h] + i)) << (8 * (b % 4));
           }
           ch.w[rt][h] = make_uint4(wd[0], wd[1], wd[2], wd[3]);
-        }
-        if constexpr (S != Scaling::kRow) {
-          ch.s[rt][h] = svalid ? load_scale(q.scales, srow[rt][h] + grp, q.scale_dtype) : 0.0f;
-          if constexpr (BITS == 4)
-            ch.zp[rt][h] = !svalid || q.zeros == nullptr ? 8u : uint32_t(__ldg(q.zeros + zrow[rt][h] + grp)) & 15u;
         }
       }
   };
@@ -335,10 +370,10 @@ __global__ void __launch_bounds__(THREADS) gemv_quant(const QuantArgs q) {
   // x for chunk c of this lane's vectors (zeros where `valid` is false or past K), loaded when the
   // chunk is consumed: it is small and hot in L1, and keeping it out of the pipelined registers
   // leaves room for more W in flight.
-  auto fetch_x = [&](uint4 (&xq)[NB][XQ], int64_t c, bool valid, bool edge) {
+  auto fetch_x = [&](uint4 (&xq)[NB][XQ], int c, bool valid, bool edge) {
 #pragma unroll
     for (int nb = 0; nb < NB; ++nb) {
-      if (!valid || !has_x[nb]) {
+      if (!valid) {
 #pragma unroll
         for (int i = 0; i < XQ; ++i) xq[nb][i] = zero4;
       } else if (VEC && !edge) {
@@ -348,7 +383,7 @@ __global__ void __launch_bounds__(THREADS) gemv_quant(const QuantArgs q) {
         uint32_t xw[E / 2];
 #pragma unroll
         for (int e = 0; e < E; e += 2) {
-          const int64_t k = c * E + e;
+          const int k = c * E + e;
           const uint32_t lo = !edge || k < a.K ? bits_of(load_keep(xv[nb] + k)) : 0u;
           const uint32_t hi = !edge || k + 1 < a.K ? bits_of(load_keep(xv[nb] + k + 1)) : 0u;
           xw[e / 2] = lo | (hi << 16);
@@ -360,7 +395,7 @@ __global__ void __launch_bounds__(THREADS) gemv_quant(const QuantArgs q) {
   };
 
   // Dequantises a chunk and runs its mmas.
-  auto consume = [&](const Chunk& ch, int64_t c, bool valid, bool edge) {
+  auto consume = [&](const Chunk& ch, int c, bool valid, bool edge) {
     uint4 xq[NB][XQ];
     fetch_x(xq, c, valid, edge);
     // B fragments, in the k order of the A pairs.
@@ -450,25 +485,25 @@ __global__ void __launch_bounds__(THREADS) gemv_quant(const QuantArgs q) {
   // same number of steps (mma.sync is warp-collective), lanes without a chunk feed zeros. A quad
   // (4 lanes) takes 4 consecutive chunks starting at a multiple of 4 (split spans are multiples
   // of P1), so with kGroup its chunks share one group.
-  const int64_t nfull = a.K / E;
-  const int64_t c_begin = min(int64_t(split) * a.split_span, nfull);
-  const int64_t c_end = min(c_begin + a.split_span, nfull);
+  const int nfull = int(a.K / E);
+  const int c_begin = int(min(int64_t(split) * a.split_span, int64_t(nfull)));
+  const int c_end = int(min(c_begin + a.split_span, int64_t(nfull)));
   // The unaligned variant (byte loads) keeps one chunk per step: its loads are many and narrow.
   constexpr int UL = VEC ? U : 1;
-  constexpr int64_t STEP = int64_t(P1) * UL;
-  auto fetch_step = [&](Chunk (&ch)[UL], int64_t cb) {
+  constexpr int STEP = P1 * UL;
+  auto fetch_step = [&](Chunk (&ch)[UL], int cb) {
 #pragma unroll
     for (int u = 0; u < UL; ++u) {
-      const int64_t c = cb + u * P1 + L;
-      fetch(ch[u], c, true, S == Scaling::kGroup ? c - t : c, true, false);
+      const int c = cb + u * P1 + L;
+      fetch(ch[u], c, true, c, true, false);
     }
   };
-  auto consume_step = [&](const Chunk (&ch)[UL], int64_t cb) {
+  auto consume_step = [&](const Chunk (&ch)[UL], int cb) {
 #pragma unroll
     for (int u = 0; u < UL; ++u) consume(ch[u], cb + u * P1 + L, true, false);
   };
-  int64_t cb = c_begin;
-  int64_t steps = (c_end - c_begin) / STEP;
+  int cb = c_begin;
+  int steps = (c_end - c_begin) / STEP;
   if (steps > 0) {
     // Two register sets in turn: `cur` holds the step at cb, `next` receives the one after it
     // while `cur` is consumed; true when the split's last full step is done.
@@ -486,8 +521,8 @@ __global__ void __launch_bounds__(THREADS) gemv_quant(const QuantArgs q) {
   }
   for (; cb < c_end; cb += P1) {
     Chunk ch;
-    const int64_t c = cb + L;
-    const int64_t sc = S == Scaling::kGroup ? c - t : c;
+    const int c = cb + L;
+    const int sc = S == Scaling::kGroup ? c - t : c;
     fetch(ch, c, c < c_end, sc, sc < c_end, false);
     consume(ch, c, c < c_end, false);
   }
