@@ -676,8 +676,8 @@ def check_quant(facts: list[dict]) -> list[dict]:
 
 QUANT_EXPLAIN = (
     "Weight-only quantised W (`benchmarks/bench_quant.py`: CuPy door, CUDA-graph replayed, operands rotated "
-    "past L2, batch 1). Formats: int8c = int8 with one scale per row; int4g128 = int4 with one scale per "
-    "128 values of a row; z = with zero points. GB/s and %ceil count the packed bytes (codes + scales + "
+    "past L2, batch 1). Formats: int8c / int4c = int8 / int4 with one scale per row; int4g128 = int4 with "
+    "one scale per 128 values of a row; z = with zero points. GB/s and %ceil count the packed bytes (codes + scales + "
     "zero points) + x + y against that run's read ceiling. x vs gemvx fp16 = the dense fp16 gemvx time of "
     "the same run / the quantised time; x vs best peer = the fastest fp16 peer's time on that shape (see "
     "the module docstring of report.py) / the quantised time.")

@@ -278,13 +278,14 @@ def fallback_quant_rules(dtype: str, batch: int, M: int, K: int, sm_count: int) 
 
     Quant configs give each warp 16 rows (one mma tile) and up to 8 (or 16) vectors. A batch of
     more than 8 vectors takes the 16-vector configs. Otherwise (from the config sweep of
-    ``benchmarks/bench_quant.py --configs`` on an H200, batch 1, 4096^2 to 128256 x 4096):
-    groups scaled before the mma (int4 g < 128, int8 g < 64) take two warps on 32 rows with two
-    chunks a step (config 110); longer groups and per-row scales take four warps splitting K on 16
-    rows, one chunk a step (108), except int4 with too few rows for two blocks per SM, which takes
-    eight warps on 16 rows (104, never split: its warps already split K). K is then split
-    (fixed-order second pass) until about four blocks per SM run, as far as every split keeps one
-    full unrolled step per lane.
+    ``benchmarks/bench_quant.py --configs`` on an H200, batch 1, 4096^2 to 128256 x 4096, int4
+    g32 / g128 / per channel and int8 per channel): int4 with fewer than four 16-row tiles per SM
+    takes eight warps on 16 rows (104, never split: its warps already split K); int4 with groups
+    and int8 with groups scaled before the mma (g < 64) take two warps on 32 rows with two chunks
+    a step (110); per-row scales and longer int8 groups take four warps splitting K on 16 rows,
+    one chunk a step (108). K is then split (fixed-order second pass) until about four blocks per
+    SM run (six of 110's two-warp blocks), as far as every split keeps one full unrolled step per
+    lane.
     """
     m = QUANT_KEY.match(dtype)
     if m is None:
@@ -292,15 +293,14 @@ def fallback_quant_rules(dtype: str, batch: int, M: int, K: int, sm_count: int) 
     bits = int(m.group(1))
     per_chunk = 32 if bits == 4 else 16  # K values per 16-byte chunk of packed W
     group = None if m.group(3) is None else int(m.group(3))
-    scaled_before = group is not None and group < 4 * per_chunk  # kernels/gemv_quant.cuh: kPre
     cfgs = config_by_id()
     tiles = math.ceil(M / 16)
     if batch > 8:
         cid = 105 if tiles >= 8 * sm_count else 106
-    elif scaled_before:
-        cid = 110
-    elif bits == 4 and tiles < 2 * sm_count:
+    elif bits == 4 and tiles < 4 * sm_count:
         cid = 104
+    elif group is not None and (bits == 4 or group < 4 * per_chunk):
+        cid = 110
     else:
         cid = 108
     c = cfgs[cid]
@@ -308,7 +308,7 @@ def fallback_quant_rules(dtype: str, batch: int, M: int, K: int, sm_count: int) 
         return cid, 1
     rows_per_block = c["threads"] // 32 // (c["p1"] // 4) * 16 * c["p2"]
     blocks = math.ceil(M / rows_per_block) * math.ceil(batch / c["max_vectors"])
-    want = 4 * sm_count
+    want = (6 if cid == 110 else 4) * sm_count  # 110's blocks have two warps, the others four
     splits = 1
     if blocks < want:
         units = max(K // per_chunk, 1)
