@@ -287,13 +287,20 @@ __global__ void __launch_bounds__(THREADS) gemv_quant(const QuantArgs q) {
       srow[rt][h] = opaque(static_cast<const char*>(q.scales) + ((g * q.s_group + r * q.lds) << s_shift));
       zrow[rt][h] = opaque(has_zeros ? q.zeros + g * q.z_group + r * q.ldz : q.zeros);
     }
-  // This lane's B columns: vectors gq and gq + 8 (n-tile 1). Columns past nvec read the first
-  // vector: a column of B only reaches the same column of C, and those are never stored.
+  // This lane's B columns: vectors gq and gq + 8 (n-tile 1). Every x load returns 16 bytes to
+  // each active lane through the L1 data path, which W and x share; int4 moves twice as many x
+  // bytes as W bytes, so there lanes whose column has no vector load nothing (zeros; a batch of
+  // one moves an eighth of the x traffic of eight). int8 moves as many x bytes as W bytes; there
+  // every lane loads (columns past nvec read the first vector: a column of B only reaches the
+  // same column of C, which is not stored), which keeps its registers, and its blocks per SM, down.
+  constexpr bool SKIP_X = BITS == 4;
+  bool has_x[NB];
   const T* xv[NB];
 #pragma unroll
   for (int nb = 0; nb < NB; ++nb) {
     const int v = nb * 8 + gq;
-    xv[nb] = opaque(X + int64_t(v < nv ? v : 0) * a.x_vec);
+    has_x[nb] = v < nv;
+    xv[nb] = opaque(X + int64_t(has_x[nb] ? v : 0) * a.x_vec);
   }
 
   // kRow: the rows' one scale and zero point (group 0).
@@ -373,7 +380,7 @@ __global__ void __launch_bounds__(THREADS) gemv_quant(const QuantArgs q) {
   auto fetch_x = [&](uint4 (&xq)[NB][XQ], int c, bool valid, bool edge) {
 #pragma unroll
     for (int nb = 0; nb < NB; ++nb) {
-      if (!valid) {
+      if (!valid || (SKIP_X && !has_x[nb])) {
 #pragma unroll
         for (int i = 0; i < XQ; ++i) xq[nb][i] = zero4;
       } else if (VEC && !edge) {
