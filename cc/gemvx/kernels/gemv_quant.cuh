@@ -59,8 +59,8 @@ struct QuantArgs {
   int32_t scale_dtype;  // DType code of the scales
 };
 
-// Everything the kernel indexes inside one row is addressed with 32-bit offsets: the launcher
-// refuses quantised rows of 2^31 bytes or more.
+// Everything the kernel indexes inside one row (k, bytes, chunks) is a 32-bit offset: the
+// launcher refuses K >= 2^31 - 64.
 
 __device__ __forceinline__ uint32_t bits_of(__half2 h) {
   uint32_t u;
@@ -501,6 +501,7 @@ __global__ void __launch_bounds__(THREADS) gemv_quant(const QuantArgs q) {
   auto fetch_step = [&](Chunk (&ch)[UL], int cb) {
 #pragma unroll
     for (int u = 0; u < UL; ++u) {
+      // kGroup: c has the group of its quad's first chunk c - t (groups span whole quads)
       const int c = cb + u * P1 + L;
       fetch(ch[u], c, true, c, true, false);
     }
