@@ -542,50 +542,38 @@ __global__ void __launch_bounds__(THREADS) gemv_quant(const QuantArgs q) {
     fetch(ch, nfull, t == 0, nfull, true, true);
     consume(ch, nfull, t == 0, true);
   }
+  // f(rt, nb, j) for every accumulator of this lane's C tiles (j: its 4 values per n-tile).
+  auto each_acc = [&](auto&& f) {
 #pragma unroll
-  for (int rt = 0; rt < R; ++rt)
+    for (int rt = 0; rt < R; ++rt)
 #pragma unroll
-    for (int nb = 0; nb < NB; ++nb)
+      for (int nb = 0; nb < NB; ++nb)
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        acc[rt][nb][0][j] += acc[rt][nb][1][j];
-        if constexpr (S == Scaling::kRow) acc[rt][nb][0][j] *= row_s[rt][j / 2];
-      }
+        for (int j = 0; j < 4; ++j) f(rt, nb, j);
+  };
+  each_acc([&](int rt, int nb, int j) {
+    acc[rt][nb][0][j] += acc[rt][nb][1][j];
+    if constexpr (S == Scaling::kRow) acc[rt][nb][0][j] *= row_s[rt][j / 2];
+  });
 
   if constexpr (WK > 1) {
     // Warps 1..WK-1 of a row slice hand their tiles to warp 0, which adds them in a fixed order.
     __shared__ float red[ROW_WARPS][WK - 1][R * NB * 4][32];
-    if (wk > 0) {
-#pragma unroll
-      for (int rt = 0; rt < R; ++rt)
-#pragma unroll
-        for (int nb = 0; nb < NB; ++nb)
-#pragma unroll
-          for (int j = 0; j < 4; ++j) red[wr][wk - 1][(rt * NB + nb) * 4 + j][lane] = acc[rt][nb][0][j];
-    }
+    if (wk > 0)
+      each_acc([&](int rt, int nb, int j) { red[wr][wk - 1][(rt * NB + nb) * 4 + j][lane] = acc[rt][nb][0][j]; });
     __syncthreads();
     if (wk > 0) return;
 #pragma unroll
     for (int w = 0; w < WK - 1; ++w)
-#pragma unroll
-      for (int rt = 0; rt < R; ++rt)
-#pragma unroll
-        for (int nb = 0; nb < NB; ++nb)
-#pragma unroll
-          for (int j = 0; j < 4; ++j) acc[rt][nb][0][j] += red[wr][w][(rt * NB + nb) * 4 + j][lane];
+      each_acc([&](int rt, int nb, int j) { acc[rt][nb][0][j] += red[wr][w][(rt * NB + nb) * 4 + j][lane]; });
   }
 
   // C tile: acc[..][0..1] are row g, columns 2t and 2t+1; acc[..][2..3] the same for row g + 8.
-#pragma unroll
-  for (int rt = 0; rt < R; ++rt)
-#pragma unroll
-    for (int nb = 0; nb < NB; ++nb)
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int64_t m = row[rt][j / 2];
-        const int v = nb * 8 + 2 * t + (j % 2);
-        if (m < a.M && v < nv) store_output<T>(a, split, g, v0 + v, m, acc[rt][nb][0][j]);
-      }
+  each_acc([&](int rt, int nb, int j) {
+    const int64_t m = row[rt][j / 2];
+    const int v = nb * 8 + 2 * t + (j % 2);
+    if (m < a.M && v < nv) store_output<T>(a, split, g, v0 + v, m, acc[rt][nb][0][j]);
+  });
 }
 
 }  // namespace kernels
