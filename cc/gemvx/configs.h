@@ -13,12 +13,15 @@
 //              warps that split K (the other warps take more rows), P2 = 8-row tiles per warp,
 //              NV = 16.
 //              fp32 and unaligned operands run the RowMajor kernel with the same rows and lanes.
+//   RowMajorMmaPipelined: RowMajorMma with the next step's W loads issued before this step's
+//              x loads and mma (two register sets in turn).
 //   Transposed (layout T, W stored (K, M) row-major): P1 = threads along M (each owns 16 bytes of
 //              consecutive outputs), P2 = 1; THREADS / P1 threads split K inside the block.
 //   TransposedMma: several vectors on tensor cores (fp16/bf16; kernels/gemv_mma_t.cuh). P1 =
 //              16-byte column chunks per block as in Transposed, P2 = 32-column tiles per warp
 //              (P1 / (4 P2) warps along M, the other warps split K), NV = 16.
 //              fp32 and unaligned operands run the Transposed kernel with the same columns.
+//   TransposedMmaPipelined: TransposedMma with software-pipelined W loads, as above.
 //   Quant      (layout N, weight-only quantised W: int8, or int4 packed two per byte along K;
 //              tensor-core mma.m16n8k16 with fp32 accumulation): P1 = lanes that walk a row, four
 //              per warp (P1 / 4 warps split K for the same 16 rows), P2 = 16-row tiles per warp,
@@ -84,6 +87,10 @@
   X(53, TransposedMma, 256, 32, 2, 2, 16)     \
   X(54, TransposedMma, 128, 8, 1, 4, 16)      \
   X(55, TransposedMma, 256, 8, 2, 2, 16)     \
+  X(57, RowMajorMmaPipelined, 128, 4, 1, 2, 16) \
+  X(58, RowMajorMmaPipelined, 128, 4, 1, 4, 16) \
+  X(61, RowMajorMmaPipelined, 256, 16, 1, 2, 16) \
+  X(65, TransposedMmaPipelined, 256, 32, 2, 1, 16) \
   X(100, Quant, 128, 4, 1, 2, 8)              \
   X(101, Quant, 128, 4, 1, 4, 8)              \
   X(102, Quant, 128, 4, 2, 2, 8)              \

@@ -65,15 +65,16 @@ void launch_kernel(void (*kernel)(P...), dim3 grid, int threads, cudaStream_t s,
 }
 
 // KIND: 0 = CUDA cores, 1 = CUDA cores with software-pipelined loads, 2 = tensor cores (gemv_mma)
-// for 16-bit types on the 16-byte body; fp32 and the scalar variant of a tensor-core config run
+// for 16-bit types on the 16-byte body, 3 = the same with software-pipelined W loads; fp32 and the scalar variant of a tensor-core config run
 // the CUDA-core kernel with the same rows, lanes and splits (one 16-byte load per row in flight).
 template <int KIND, int THREADS, int TPR, int R, int U, int NV>
 struct RowMajorFamily {
-  static_assert(KIND != 2 || (TPR % 4 == 0 && THREADS % (8 * TPR) == 0 && NV == 16),
+  static constexpr bool kMma = KIND >= 2;
+  static_assert(!kMma || (TPR % 4 == 0 && THREADS % (8 * TPR) == 0 && NV == 16),
                 "tensor-core configs: P1 = 4 x warps along K, whole warps along M, 16 vectors");
   static constexpr bool kTrans = false;
-  static constexpr bool kPipelined = KIND == 1;
-  static constexpr bool kTensorCores = KIND == 2;
+  static constexpr bool kPipelined = KIND == 1 || KIND == 3;
+  static constexpr bool kTensorCores = kMma;
   static constexpr int kThreads = THREADS, kNV = NV;
   // K is cut into 16-byte chunks (elements in the scalar variant).
   static int64_t k_units(const Problem& p, int vw) { return p.K / vw; }
@@ -82,10 +83,10 @@ struct RowMajorFamily {
   static int64_t grid_x(const Problem& p, int) { return (p.M + THREADS / TPR * R - 1) / (THREADS / TPR * R); }
   template <typename T, bool VEC>
   static void launch(dim3 grid, cudaStream_t s, const Args& a) {
-    if constexpr (KIND == 2 && VEC && sizeof(T) == 2)
-      launch_kernel(kernels::gemv_mma<T, THREADS, TPR, R, U>, grid, THREADS, s, a);
+    if constexpr (kMma && VEC && sizeof(T) == 2)
+      launch_kernel(kernels::gemv_mma<T, THREADS, TPR, R, U, KIND == 3>, grid, THREADS, s, a);
     else
-      launch_kernel(kernels::gemv_rowmajor<T, THREADS, TPR, R, KIND == 2 ? 1 : U, NV, KIND == 1, VEC>,
+      launch_kernel(kernels::gemv_rowmajor<T, THREADS, TPR, R, kMma ? 1 : U, NV, KIND == 1, VEC>,
                     grid, THREADS, s, a);
   }
 };
@@ -95,17 +96,19 @@ template <int THREADS, int TPR, int R, int U, int NV>
 using RowMajorPipelined = RowMajorFamily<1, THREADS, TPR, R, U, NV>;
 template <int THREADS, int TPR, int R, int U, int NV>
 using RowMajorMma = RowMajorFamily<2, THREADS, TPR, R, U, NV>;
+template <int THREADS, int TPR, int R, int U, int NV>
+using RowMajorMmaPipelined = RowMajorFamily<3, THREADS, TPR, R, U, NV>;
 
 // MMA = false: CUDA cores, P2 = 1. MMA = true: tensor cores (gemv_mma_t) for 16-bit types on the
-// 16-byte body, P2 = 32-column tiles per warp; fp32 and the scalar variant run the CUDA-core kernel
+// 16-byte body, P2 = 32-column tiles per warp, PIPE: software-pipelined W loads; fp32 and the scalar variant run the CUDA-core kernel
 // with the same threads, columns per block and splits (so the grid is the same either way).
-template <bool MMA, int THREADS, int CB, int P2, int U, int NV>
+template <bool MMA, bool PIPE, int THREADS, int CB, int P2, int U, int NV>
 struct TransposedFamily {
-  static_assert(MMA || P2 == 1, "Transposed configs take P2 = 1");
+  static_assert(MMA || (P2 == 1 && !PIPE), "Transposed configs take P2 = 1");
   static_assert(!MMA || (NV == 16 && CB % (4 * P2) == 0 && (THREADS / 32) % (CB / (4 * P2)) == 0),
                 "tensor-core configs: P1 = 4 x P2 x warps along M, whole warps along K, 16 vectors");
   static constexpr bool kTrans = true;
-  static constexpr bool kPipelined = false;
+  static constexpr bool kPipelined = PIPE;
   static constexpr bool kTensorCores = MMA;
   static constexpr int kThreads = THREADS, kNV = NV;
   // K is cut into rows of W; a split holds whole steps of every K slice (CUDA cores: THREADS / CB
@@ -121,15 +124,17 @@ struct TransposedFamily {
   template <typename T, bool VEC>
   static void launch(dim3 grid, cudaStream_t s, const Args& a) {
     if constexpr (MMA && VEC && sizeof(T) == 2)
-      launch_kernel(kernels::gemv_mma_t<T, THREADS, CB, P2, U>, grid, THREADS, s, a);
+      launch_kernel(kernels::gemv_mma_t<T, THREADS, CB, P2, U, PIPE>, grid, THREADS, s, a);
     else
       launch_kernel(kernels::gemv_transposed<T, THREADS, CB, U, NV, VEC>, grid, THREADS, s, a);
   }
 };
 template <int THREADS, int CB, int P2, int U, int NV>
-using Transposed = TransposedFamily<false, THREADS, CB, P2, U, NV>;
+using Transposed = TransposedFamily<false, false, THREADS, CB, P2, U, NV>;
 template <int THREADS, int CB, int P2, int U, int NV>
-using TransposedMma = TransposedFamily<true, THREADS, CB, P2, U, NV>;
+using TransposedMma = TransposedFamily<true, false, THREADS, CB, P2, U, NV>;
+template <int THREADS, int CB, int P2, int U, int NV>
+using TransposedMmaPipelined = TransposedFamily<true, true, THREADS, CB, P2, U, NV>;
 
 // Layout N, weight-only quantised W (Problem::wbits 4 or 8), tensor-core mma with fp32
 // accumulation (kernels/gemv_quant.cuh). P1 = lanes that walk a row (4 per warp: P1 / 4 warps

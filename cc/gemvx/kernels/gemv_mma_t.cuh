@@ -21,7 +21,8 @@
 // block's K range (warp wk takes groups wk, wk + WK, ...; U groups in flight), meeting in shared
 // memory in a fixed order. Split-K across blocks as in the other kernels. Rows past the split's end
 // and vectors past nvec are zeros; columns past M are zeros and never stored; a chunk that crosses
-// M is read element by element. fp32 and operands without 16-byte alignment run the CUDA-core
+// M is read element by element. PIPE software-pipelines the steps: the next step's W loads are
+// issued before this step's math (x, small and cached, is loaded when its step is consumed). fp32 and operands without 16-byte alignment run the CUDA-core
 // kernel instead (launch.cu).
 #pragma once
 
@@ -79,7 +80,7 @@ __device__ __forceinline__ void mma_group(float (&acc)[TILES][4][4], const uint4
   }
 }
 
-template <typename T, int THREADS, int CB, int TILES, int U>
+template <typename T, int THREADS, int CB, int TILES, int U, bool PIPE>
 __global__ void __launch_bounds__(THREADS) gemv_mma_t(const Args a) {
   constexpr int NV = 16;
   constexpr int WARPS = THREADS / 32;
@@ -134,29 +135,62 @@ __global__ void __launch_bounds__(THREADS) gemv_mma_t(const Args a) {
   const int64_t ld2 = 2 * a.ldw, ld_step = STEP * a.ldw;
   auto steps = [&](auto fast) {
     constexpr bool FAST = decltype(fast)::value;
-#pragma unroll 1
-    for (; kb + (U - 1) * STEP + 16 <= k_end; kb += U * STEP, wp += U * ld_step) {
-      uint4 w[U][TILES][2];
-      uint2 xa[U], xb[U];
+    auto load_step = [&](uint4 (&w)[U][TILES][2], const T* p0) {
 #pragma unroll
       for (int u = 0; u < U; ++u)
 #pragma unroll
         for (int c = 0; c < TILES; ++c)
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
-            const T* p = wp + u * ld_step + h * ld2 + 32 * c;
+            const T* p = p0 + u * ld_step + h * ld2 + 32 * c;
             if constexpr (FAST)
               w[u][c][h] = load_stream(reinterpret_cast<const uint4*>(p));
             else
               w[u][c][h] = left[c] > 0 ? load_w(p, left[c]) : zero4;
           }
+    };
+    auto load_xs = [&](uint2 (&xa)[U], uint2 (&xb)[U], int64_t k0) {
 #pragma unroll
       for (int u = 0; u < U; ++u) {
-        xa[u] = has_a ? load_x4(xa_p + kb + u * STEP, FAST || wide, 4) : zero2;
-        xb[u] = has_b ? load_x4(xb_p + kb + u * STEP, FAST || wide, 4) : zero2;
+        xa[u] = has_a ? load_x4(xa_p + k0 + u * STEP, FAST || wide, 4) : zero2;
+        xb[u] = has_b ? load_x4(xb_p + k0 + u * STEP, FAST || wide, 4) : zero2;
       }
+    };
+    if constexpr (PIPE) {
+      // A step's W is loaded into one of two register sets while the other set's step is
+      // multiplied (the sets alternate: no copies; see gemv_mma); x is loaded when its step is
+      // consumed. `steps` counts the whole steps left.
+      struct Step {
+        uint4 w[U][TILES][2];
+      };
+      int64_t steps = k_end - kb - (U - 1) * STEP - 16 >= 0 ? (k_end - kb - (U - 1) * STEP - 16) / (U * STEP) + 1 : 0;
+      if (steps > 0) {
+        Step sa, sb;
+        auto step = [&](const Step& cur, Step& next) {
+          if (steps > 1) load_step(next.w, wp + U * ld_step);
+          uint2 xa[U], xb[U];
+          load_xs(xa, xb, kb);
 #pragma unroll
-      for (int u = 0; u < U; ++u) mma_group<T, TILES>(acc, w[u], xa[u], xb[u]);
+          for (int u = 0; u < U; ++u) mma_group<T, TILES>(acc, cur.w[u], xa[u], xb[u]);
+          kb += U * STEP;
+          wp += U * ld_step;
+          return --steps == 0;
+        };
+        load_step(sa.w, wp);
+#pragma unroll 1
+        while (!step(sa, sb) && !step(sb, sa)) {
+        }
+      }
+    } else {
+#pragma unroll 1
+      for (; kb + (U - 1) * STEP + 16 <= k_end; kb += U * STEP, wp += U * ld_step) {
+        uint4 w[U][TILES][2];
+        uint2 xa[U], xb[U];
+        load_step(w, wp);
+        load_xs(xa, xb, kb);
+#pragma unroll
+        for (int u = 0; u < U; ++u) mma_group<T, TILES>(acc, w[u], xa[u], xb[u]);
+      }
     }
   };
   if (wide && (int64_t(blockIdx.x) + 1) * CB * 8 <= a.M)
