@@ -17,7 +17,8 @@ In each directory the file for this exact card, ``{arch}_{device}.json`` (for ex
 ``sm_90_nvidia-h200.json``, see :func:`table_filename`), beats the file for the architecture,
 ``{arch}.json``. So a table tuned by the user on this GPU (or for its architecture) wins over a
 shipped one, and a shipped table for the architecture serves every card of it without its own
-(the shipped ``sm_90.json`` serves the H100 and the H200 alike). A GPU with no table gets
+(the shipped ``sm_90.json``, tuned on an H200, serves every sm_90 card but the H100 SXM, which
+has its own ``sm_90_nvidia-h100-80gb-hbm3.json``). A GPU with no table gets
 :func:`fallback_rules`, which are correct everywhere and good on most GPUs.
 
 The config ids a table names must be compiled into this build (``gemvx.configs()``); a table
