@@ -10,6 +10,8 @@ time is the read pattern's alone. The patterns are those of the gemvx kernel fam
   and every row of W is streamed at once (one wave of blocks);
 - ``rows8``: as ``tile-u8`` (a warp owns 8 rows, 128 bytes of W per lane in flight), but each
   load of the warp covers 512 contiguous bytes of one row;
+- ``rows8-side-kK``: as ``rows8``, with K warps side by side on a block's 8 rows (512 K
+  contiguous bytes of each row per step), many waves of small blocks;
 - ``side-kKuU``: K warps side by side on the same 8 rows (a block reads 64 K bytes of a row per
   load), many waves of small blocks;
 - ``tile-u2 occ``: ``tile-u2`` with dynamic shared memory reserved only to cut the blocks per SM.
@@ -70,6 +72,26 @@ extern "C" __global__ void rows8(const uint4* __restrict__ W, long long k16, uns
   if (s == 0x9e3779b9u) out[0] = s;
 }
 
+// As rows8, with K warps side by side on the block's 8 rows (512 K contiguous bytes of a row per
+// step), many waves of small blocks.
+template <int K>
+__device__ void rows8_side(const uint4* __restrict__ W, long long k16, unsigned* out) {
+  const int lane = threadIdx.x % 32, wk = threadIdx.x / 32;
+  const long long row0 = (long long)blockIdx.x * 8;
+  unsigned s = 0;
+  for (long long b = 32 * wk; b + 32 <= k16; b += 32 * K) {
+    uint4 v[8];
+#pragma unroll
+    for (int r = 0; r < 8; ++r) v[r] = __ldg(W + (row0 + r) * k16 + b + lane);
+#pragma unroll
+    for (int r = 0; r < 8; ++r) s ^= fold(v[r]);
+  }
+  if (s == 0x9e3779b9u) out[0] = s;
+}
+extern "C" __global__ void rows8_k2(const uint4* W, long long k16, unsigned* out) { rows8_side<2>(W, k16, out); }
+extern "C" __global__ void rows8_k4(const uint4* W, long long k16, unsigned* out) { rows8_side<4>(W, k16, out); }
+extern "C" __global__ void rows8_k8(const uint4* W, long long k16, unsigned* out) { rows8_side<8>(W, k16, out); }
+
 template <int U, int K>
 __device__ void side(const uint4* __restrict__ W, long long k16, unsigned* out) {
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4, wk = threadIdx.x / 32;
@@ -96,12 +118,12 @@ extern "C" __global__ void side_k8u2(const uint4* W, long long k16, unsigned* ou
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--shape", default="28672x8192", help="M x K of an fp16 W (M a multiple of 64, K of 1024)")
+    ap.add_argument("--shape", default="28672x8192", help="M x K of an fp16 W (M a multiple of 64, K of 2048)")
     ap.add_argument("--reps", type=int, default=10)
     args = ap.parse_args()
     M, K = (int(v) for v in args.shape.lower().split("x"))
-    if M % 64 or K % 1024:
-        ap.error("--shape: M must be a multiple of 64 and K of 1024 (every pattern covers all of W)")
+    if M % 64 or K % 2048:
+        ap.error("--shape: M must be a multiple of 64 and K of 2048 (every pattern covers all of W)")
     import cupy as cp
 
     mod = cp.RawModule(code=SRC, options=("-std=c++17",))
@@ -135,6 +157,8 @@ def main() -> int:
         run(f"tile-u{u}", f"tile_u{u}", M // 32, 128)
     run("tile-u2 256 thr", "tile_u2", M // 64, 256)
     run("rows8", "rows8", M // 32, 128)
+    for k in (2, 4, 8):
+        run(f"rows8-side-k{k}", f"rows8_k{k}", M // 8, 32 * k)
     for smem in (60000, 110000):
         run("tile-u2 occ", "tile_u2", M // 32, 128, smem)
     run("side-k4u2", "side_k4u2", M // 8, 128)
