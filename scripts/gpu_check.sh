@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Build + GPU tests + compute-sanitizer + quick benchmark, in one run on the GPU machine.
+# Build + GPU tests + compute-sanitizer (beside the tests) + quick benchmark, in one run on the GPU
+# machine.
 #   bash scripts/gpu_check.sh [OUT_DIR]      (default: $OUT, else ./gpu_check_out)
 # Builds for sm_90 only (GEMVX_CUDA_ARCHS overrides) with the machine's own python3 packages.
 # Writes build.log, gpu_tests.log, sass.log, memcheck.log, racecheck.log, bench.log, bench.json,
@@ -22,6 +23,14 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$OUTD
 
 # Run from outside the checkout so the installed package is what gets imported.
 cd /tmp || exit 1
+# The sanitizers run beside the tests (nothing here is timed), which keeps the whole check
+# inside one 10-minute run; their results are collected after the SASS check.
+step "compute-sanitizer memcheck and racecheck: started in the background"
+compute-sanitizer --tool memcheck --error-exitcode 99 $PY "$REPO/scripts/sanitize_cases.py" >"$OUTDIR/memcheck.log" 2>&1 &
+mem_pid=$!
+compute-sanitizer --tool racecheck --error-exitcode 99 $PY "$REPO/scripts/sanitize_cases.py" >"$OUTDIR/racecheck.log" 2>&1 &
+race_pid=$!
+
 step "GPU tests"
 $PY -m pytest -q -p no:cacheprovider -rs "$REPO/tests" 2>&1 | tee "$OUTDIR/gpu_tests.log" | tail -15 || fail=1
 
@@ -29,10 +38,10 @@ step "SASS check (128-bit stream loads, loads ahead of math)"
 $PY "$REPO/scripts/check_sass.py" 2>&1 | tee "$OUTDIR/sass.log" | tail -3 || fail=1
 
 step "compute-sanitizer memcheck"
-compute-sanitizer --tool memcheck --error-exitcode 99 $PY "$REPO/scripts/sanitize_cases.py" >"$OUTDIR/memcheck.log" 2>&1 || fail=1
+wait "$mem_pid" || fail=1
 tail -3 "$OUTDIR/memcheck.log"
 step "compute-sanitizer racecheck"
-compute-sanitizer --tool racecheck --error-exitcode 99 $PY "$REPO/scripts/sanitize_cases.py" >"$OUTDIR/racecheck.log" 2>&1 || fail=1
+wait "$race_pid" || fail=1
 tail -3 "$OUTDIR/racecheck.log"
 
 if [ -z "${GEMVX_SKIP_BENCH:-}" ]; then
