@@ -23,13 +23,15 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$OUTD
 
 # Run from outside the checkout so the installed package is what gets imported.
 cd /tmp || exit 1
-# The sanitizers run beside the tests (nothing here is timed), which keeps the whole check
-# inside one 10-minute run; their results are collected after the SASS check.
-step "compute-sanitizer memcheck and racecheck: started in the background"
-compute-sanitizer --tool memcheck --error-exitcode 99 $PY "$REPO/scripts/sanitize_cases.py" >"$OUTDIR/memcheck.log" 2>&1 &
-mem_pid=$!
-compute-sanitizer --tool racecheck --error-exitcode 99 $PY "$REPO/scripts/sanitize_cases.py" >"$OUTDIR/racecheck.log" 2>&1 &
-race_pid=$!
+# The sanitizers run beside the tests (nothing here is timed), to fit the whole check in one
+# 10-minute run; their results are collected after the SASS check.
+SANITIZERS="memcheck racecheck"
+declare -A san_pid
+step "compute-sanitizer $SANITIZERS: started in the background"
+for tool in $SANITIZERS; do
+  compute-sanitizer --tool "$tool" --error-exitcode 99 $PY "$REPO/scripts/sanitize_cases.py" >"$OUTDIR/$tool.log" 2>&1 &
+  san_pid[$tool]=$!
+done
 
 step "GPU tests"
 $PY -m pytest -q -p no:cacheprovider -rs "$REPO/tests" 2>&1 | tee "$OUTDIR/gpu_tests.log" | tail -15 || fail=1
@@ -37,12 +39,11 @@ $PY -m pytest -q -p no:cacheprovider -rs "$REPO/tests" 2>&1 | tee "$OUTDIR/gpu_t
 step "SASS check (128-bit stream loads, loads ahead of math)"
 $PY "$REPO/scripts/check_sass.py" 2>&1 | tee "$OUTDIR/sass.log" | tail -3 || fail=1
 
-step "compute-sanitizer memcheck"
-wait "$mem_pid" || fail=1
-tail -3 "$OUTDIR/memcheck.log"
-step "compute-sanitizer racecheck"
-wait "$race_pid" || fail=1
-tail -3 "$OUTDIR/racecheck.log"
+for tool in $SANITIZERS; do
+  step "compute-sanitizer $tool"
+  wait "${san_pid[$tool]}" || fail=1
+  tail -3 "$OUTDIR/$tool.log"
+done
 
 if [ -z "${GEMVX_SKIP_BENCH:-}" ]; then
   step "quick benchmark"
