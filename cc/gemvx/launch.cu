@@ -65,8 +65,9 @@ void launch_kernel(void (*kernel)(P...), dim3 grid, int threads, cudaStream_t s,
 }
 
 // KIND: 0 = CUDA cores, 1 = CUDA cores with software-pipelined loads, 2 = tensor cores (gemv_mma)
-// for 16-bit types on the 16-byte body, 3 = the same with software-pipelined W loads; fp32 and the scalar variant of a tensor-core config run
-// the CUDA-core kernel with the same rows, lanes and splits (one 16-byte load per row in flight).
+// for 16-bit types on the 16-byte body, 3 = the same with software-pipelined loads; fp32 and the
+// scalar variant of a tensor-core config run the CUDA-core kernel with the same rows, lanes and
+// splits (one 16-byte load per row in flight).
 template <int KIND, int THREADS, int TPR, int R, int U, int NV>
 struct RowMajorFamily {
   static constexpr bool kMma = KIND >= 2;
@@ -100,8 +101,9 @@ template <int THREADS, int TPR, int R, int U, int NV>
 using RowMajorMmaPipelined = RowMajorFamily<3, THREADS, TPR, R, U, NV>;
 
 // MMA = false: CUDA cores, P2 = 1. MMA = true: tensor cores (gemv_mma_t) for 16-bit types on the
-// 16-byte body, P2 = 32-column tiles per warp, PIPE: software-pipelined W loads; fp32 and the scalar variant run the CUDA-core kernel
-// with the same threads, columns per block and splits (so the grid is the same either way).
+// 16-byte body, P2 = 32-column tiles per warp, PIPE: software-pipelined W loads; fp32 and the
+// scalar variant run the CUDA-core kernel with the same threads, columns per block and splits (so
+// the grid is the same either way).
 template <bool MMA, bool PIPE, int THREADS, int CB, int P2, int U, int NV>
 struct TransposedFamily {
   static_assert(MMA || (P2 == 1 && !PIPE), "Transposed configs take P2 = 1");

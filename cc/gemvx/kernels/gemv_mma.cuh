@@ -17,7 +17,8 @@
 // same time (L1 hits: x costs 16 / rows-per-block of W's traffic). A warp owns P2 8-row tiles, so a
 // block has THREADS / TPR * P2 rows, as in the RowMajor family. Split-K and the K % 8 tail work as
 // in the CUDA-core kernel (the tail is added by the lane that stores the output).
-// PIPE software-pipelines the steps: the next step's W and x loads are issued before this step's math.
+// PIPE software-pipelines the steps: the next step's W and x loads are issued before this step's
+// math.
 // Vectors past nvec are zero rows of A. fp32, and operands without 16-byte alignment, run the
 // CUDA-core kernel with the same parameters instead (launch.cu).
 #pragma once
@@ -103,31 +104,33 @@ __global__ void __launch_bounds__(THREADS) gemv_mma(const Args a) {
 
   // base is uniform across the warp (mma.sync needs every lane); lane t takes chunk base + t.
   int64_t base = c_begin + 4 * wk;
+  // One step: U chunks of every tile's row and of x[g], x[g + 8], for lane t.
+  struct Step {
+    uint4 w[U][TILES], xa[U], xb[U];
+  };
+  auto load_step = [&](Step& s, int64_t b) {
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int j = 0; j < TILES; ++j) s.w[u][j] = load_stream(wrow[j] + b + u * TPR + t);
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      s.xa[u] = has_a ? load_keep(xa_p + b + u * TPR + t) : zero;
+      s.xb[u] = has_b ? load_keep(xb_p + b + u * TPR + t) : zero;
+    }
+  };
   if constexpr (PIPE) {
     // A step's W and x are loaded into one of two register sets while the other set's step is
     // multiplied, so the loads of the next step are always in flight (the sets alternate: no
     // copies, so ptxas cannot sink the loads below the mma to reuse registers). Odd chunks
     // accumulate into a second set of tiles, halving the chain of dependent mma.
-    struct Step {
-      uint4 w[U][TILES], xa[U], xb[U];
-    };
-    auto load_step = [&](Step& s, int64_t b) {
-#pragma unroll
-      for (int u = 0; u < U; ++u)
-#pragma unroll
-        for (int j = 0; j < TILES; ++j) s.w[u][j] = load_stream(wrow[j] + b + u * TPR + t);
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        s.xa[u] = has_a ? load_keep(xa_p + b + u * TPR + t) : zero;
-        s.xb[u] = has_b ? load_keep(xb_p + b + u * TPR + t) : zero;
-      }
-    };
     float acc2[TILES][4];
 #pragma unroll
     for (int j = 0; j < TILES; ++j)
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc2[j][i] = 0.0f;
-    int64_t steps = c_end - base - (U - 1) * TPR - 4 >= 0 ? (c_end - base - (U - 1) * TPR - 4) / (U * TPR) + 1 : 0;
+    const int64_t span = c_end - base - (U - 1) * TPR - 4;  // whole steps: span / (U TPR) + 1
+    int64_t steps = span >= 0 ? span / (U * TPR) + 1 : 0;
     if (steps > 0) {
       Step sa, sb;
       auto step = [&](const Step& cur, Step& next) {
@@ -149,18 +152,10 @@ __global__ void __launch_bounds__(THREADS) gemv_mma(const Args a) {
   } else {
 #pragma unroll 1
     for (; base + (U - 1) * TPR + 4 <= c_end; base += U * TPR) {
-      uint4 w[U][TILES], xa[U], xb[U];
+      Step s;
+      load_step(s, base);
 #pragma unroll
-      for (int u = 0; u < U; ++u)
-#pragma unroll
-        for (int j = 0; j < TILES; ++j) w[u][j] = load_stream(wrow[j] + base + u * TPR + t);
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        xa[u] = has_a ? load_keep(xa_p + base + u * TPR + t) : zero;
-        xb[u] = has_b ? load_keep(xb_p + base + u * TPR + t) : zero;
-      }
-#pragma unroll
-      for (int u = 0; u < U; ++u) mma_chunk<T, TILES>(acc, w[u], xa[u], xb[u]);
+      for (int u = 0; u < U; ++u) mma_chunk<T, TILES>(acc, s.w[u], s.xa[u], s.xb[u]);
     }
   }
   // Last partial steps: chunks past the split's end are zeros.

@@ -22,8 +22,8 @@
 // memory in a fixed order. Split-K across blocks as in the other kernels. Rows past the split's end
 // and vectors past nvec are zeros; columns past M are zeros and never stored; a chunk that crosses
 // M is read element by element. PIPE software-pipelines the steps: the next step's W loads are
-// issued before this step's math (x, small and cached, is loaded when its step is consumed). fp32 and operands without 16-byte alignment run the CUDA-core
-// kernel instead (launch.cu).
+// issued before this step's math (x, small and cached, is loaded when its step is consumed). fp32
+// and operands without 16-byte alignment run the CUDA-core kernel instead (launch.cu).
 #pragma once
 
 #include "common.cuh"
