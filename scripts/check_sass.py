@@ -1,9 +1,11 @@
 """Check the compiled kernels' SASS: every 16-byte-vector GEMV kernel must stream W with 128-bit
-loads (LDG.E.NA.128) (tensor-core kernels: feeding HMMA.16816), and every software-pipelined
-kernel must issue all UNROLL x R loads of a step before its first FMA (quantised kernels: all
-loads of a step before the first HMMA). For the other kernels ptxas decides the order; a small source change
-once flipped it into interleaving loads with math (8-15% slower on large shapes, no other
-symptom), so their count is printed for comparison between builds. Runs with the GPU tests.
+loads (LDG.E.NA.128) (tensor-core kernels: feeding HMMA.16816; the configs built to load W with
+L1 allocation, L1W = true, use 128-bit read-only loads, LDG.E.128.CONSTANT, instead), and every
+software-pipelined kernel must issue all UNROLL x R loads of a step before its first FMA
+(quantised kernels: all loads of a step before the first HMMA). For the other kernels ptxas
+decides the order; a small source change once flipped it into interleaving loads with math (8-15%
+slower on large shapes, no other symptom), so their count is printed for comparison between
+builds. Runs with the GPU tests.
 
     python scripts/check_sass.py [path/to/_ext.so]     (needs cuobjdump, e.g. from the CUDA toolkit)
 """
@@ -17,7 +19,8 @@ from pathlib import Path
 
 ROW = re.compile(r"gemv_rowmajorI(\w+?)Li(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELb([01])ELb1E")
 TRN = re.compile(r"gemv_transposedI(\w+?)Li(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELb1E")
-MMA = re.compile(r"gemv_mma(_t)?I(\w+?)Li(\d+)ELi(\d+)ELi(\d+)E")
+# gemv_mma<T, THREADS, TPR, TILES, U, PIPE, L1W>, gemv_mma_t<T, THREADS, CB, TILES, U, PIPE, L1W>
+MMA = re.compile(r"gemv_mma(_t)?I(\w+?)Li(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELb[01]ELb([01])E")
 # gemv_quant<T, BITS, THREADS, P1, R, U, NV, VEC=true>
 QNT = re.compile(r"gemv_quantI(\w+?)Li(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELb1E")
 
@@ -50,12 +53,14 @@ def main() -> int:
     for f in funcs:
         name = f.split("\n", 1)[0].strip()
         m, t = ROW.search(name), TRN.search(name)
-        if MMA.search(name) and name not in seen:
-            # Tensor-core kernels: 128-bit stream loads of W feeding HMMA instructions.
+        mma = MMA.search(name)
+        if mma and name not in seen:
+            # Tensor-core kernels: 128-bit loads of W (streamed unless L1W) feeding HMMA.
             seen.add(name)
             checked += 1
-            if "LDG.E.NA.128" not in f or "HMMA.16816.F32" not in f:
-                print(f"tensor-core kernel without 128-bit stream loads or HMMA.16816: {name}")
+            w_load = "LDG.E.128.CONSTANT" if mma.group(7) == "1" else "LDG.E.NA.128"
+            if w_load not in f or "HMMA.16816.F32" not in f:
+                print(f"tensor-core kernel without {w_load} loads or HMMA.16816: {name}")
                 bad += 1
             continue
         if QNT.search(name) and name not in seen:

@@ -22,6 +22,8 @@
 //              (P1 / (4 P2) warps along M, the other warps split K), NV = 16.
 //              fp32 and unaligned operands run the Transposed kernel with the same columns.
 //   TransposedMmaPipelined: TransposedMma with software-pipelined W loads, as above.
+//   RowMajorMmaPipelinedL1, TransposedMmaL1: RowMajorMmaPipelined / TransposedMma with W loaded
+//              with L1 allocation (ld.global.nc) instead of L1::no_allocate.
 //   Quant      (layout N, weight-only quantised W: int8, or int4 packed two per byte along K;
 //              tensor-core mma.m16n8k16 with fp32 accumulation): P1 = lanes that walk a row, four
 //              per warp (P1 / 4 warps split K for the same 16 rows), P2 = 16-row tiles per warp,
@@ -91,6 +93,9 @@
   X(58, RowMajorMmaPipelined, 128, 4, 1, 4, 16) \
   X(61, RowMajorMmaPipelined, 256, 16, 1, 2, 16) \
   X(65, TransposedMmaPipelined, 256, 32, 2, 1, 16) \
+  X(69, RowMajorMmaPipelinedL1, 128, 4, 1, 4, 16) \
+  X(70, RowMajorMmaPipelinedL1, 128, 4, 1, 2, 16) \
+  X(71, TransposedMmaL1, 256, 8, 2, 2, 16) \
   X(100, Quant, 128, 4, 1, 2, 8)              \
   X(101, Quant, 128, 4, 1, 4, 8)              \
   X(102, Quant, 128, 4, 2, 2, 8)              \
