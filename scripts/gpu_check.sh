@@ -3,8 +3,8 @@
 # machine.
 #   bash scripts/gpu_check.sh [OUT_DIR]      (default: $OUT, else ./gpu_check_out)
 # Builds for sm_90 only (GEMVX_CUDA_ARCHS overrides) with the machine's own python3 packages.
-# Writes build.log, gpu_tests.log, sass.log, memcheck.log, racecheck.log, bench.log, bench.json,
-# bench_quant.log, bench_quant.json.
+# Writes build.log, gpu_tests.log, sass.log, memcheck.log, racecheck.log, bench.log (both
+# benchmarks' output), bench.json, bench_quant.json: eight files.
 # GEMVX_SKIP_BENCH=1 skips the benchmark. Exit status is non-zero if any step failed.
 set -uo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
@@ -49,6 +49,6 @@ if [ -z "${GEMVX_SKIP_BENCH:-}" ]; then
   step "quick benchmark"
   $PY "$REPO/benchmarks/bench.py" --quick --json "$OUTDIR/bench.json" 2>&1 | tee "$OUTDIR/bench.log" | tail -30 || fail=1
   step "quick quantised benchmark"
-  $PY "$REPO/benchmarks/bench_quant.py" --quick --json "$OUTDIR/bench_quant.json" 2>&1 | tee "$OUTDIR/bench_quant.log" | tail -16 || fail=1
+  $PY "$REPO/benchmarks/bench_quant.py" --quick --json "$OUTDIR/bench_quant.json" 2>&1 | tee -a "$OUTDIR/bench.log" | tail -16 || fail=1
 fi
 exit $fail
