@@ -14,6 +14,7 @@
 #include "kernels/gemv_mma_t.cuh"
 #include "kernels/gemv_quant.cuh"
 #include "kernels/gemv_rowmajor.cuh"
+#include "kernels/gemv_tile.cuh"
 #include "kernels/gemv_transposed.cuh"
 #include "launch.h"
 
@@ -50,14 +51,15 @@ bool pdl_enabled() {
 
 // Every kernel goes through here. The launch error is read by the caller (cudaGetLastError).
 template <typename A, typename... P>
-void launch_kernel(void (*kernel)(P...), dim3 grid, int threads, cudaStream_t s, const A& a) {
+void launch_kernel(void (*kernel)(P...), dim3 grid, int threads, cudaStream_t s, const A& a,
+                   std::size_t smem = 0) {
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = dim3(unsigned(threads));
-  cfg.dynamicSmemBytes = 0;
+  cfg.dynamicSmemBytes = smem;
   cfg.stream = s;
   cfg.attrs = attr;
   cfg.numAttrs = pdl_enabled() ? 1 : 0;
@@ -143,6 +145,40 @@ template <int THREADS, int CB, int P2, int U, int NV>
 using TransposedMmaPipelined = TransposedFamily<true, true, THREADS, CB, P2, U, NV>;
 template <int THREADS, int CB, int P2, int U, int NV>
 using TransposedMmaL1 = TransposedFamily<true, false, THREADS, CB, P2, U, NV, true>;
+
+// Layout N, 16 vectors on tensor cores through shared memory (kernels/gemv_tile.cuh): P1 = BM rows
+// per block, P2 = BKC 16-byte chunks of K per stage, U = STAGES. fp32 and the scalar variant run
+// the CUDA-core kernel with the same rows per block (4 lanes per row) and splits.
+template <int THREADS, int BM, int BKC, int STAGES, int NV>
+struct RowMajorTile {
+  static_assert(NV == 16 && (4 * BM) % THREADS == 0, "tile configs: 16 vectors, 4 lanes per row");
+  static constexpr bool kTrans = false;
+  static constexpr bool kPipelined = true;
+  static constexpr bool kTensorCores = true;
+  static constexpr int kThreads = THREADS, kNV = NV;
+  static constexpr int kSmem = kernels::tile_smem_bytes<BM, BKC, STAGES>();
+  static int64_t k_units(const Problem& p, int vw) { return p.K / vw; }
+  static int64_t min_units_per_split() { return BKC; }
+  static int64_t round_span(int64_t s) { return (s + BKC - 1) / BKC * BKC; }
+  static int64_t grid_x(const Problem& p, int) { return (p.M + BM - 1) / BM; }
+  template <typename T, bool VEC>
+  static void launch(dim3 grid, cudaStream_t s, const Args& a) {
+    if constexpr (VEC && sizeof(T) == 2) {
+      // More than 48 KiB of dynamic shared memory must be allowed once per kernel and device. A
+      // failure is not remembered: the launch then fails and reports it.
+      static std::atomic<bool> allowed[64] = {};
+      int dev = 0;
+      if (cudaGetDevice(&dev) == cudaSuccess && dev >= 0 && dev < 64 && !allowed[dev].load() &&
+          cudaFuncSetAttribute(kernels::gemv_tile<T, THREADS, BM, BKC, STAGES>,
+                               cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem) == cudaSuccess)
+        allowed[dev].store(true);
+      launch_kernel(kernels::gemv_tile<T, THREADS, BM, BKC, STAGES>, grid, THREADS, s, a, kSmem);
+    } else {
+      launch_kernel(kernels::gemv_rowmajor<T, THREADS, 4, 4 * BM / THREADS, 1, NV, false, VEC>,
+                    grid, THREADS, s, a);
+    }
+  }
+};
 
 // Layout N, weight-only quantised W (Problem::wbits 4 or 8), tensor-core mma with fp32
 // accumulation (kernels/gemv_quant.cuh). P1 = lanes that walk a row (4 per warp: P1 / 4 warps
