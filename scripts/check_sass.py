@@ -22,8 +22,9 @@ ROW = re.compile(r"gemv_rowmajorI(\w+?)Li(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)EL
 TRN = re.compile(r"gemv_transposedI(\w+?)Li(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELb1E")
 # gemv_mma<T, THREADS, TPR, TILES, U, PIPE, L1W>, gemv_mma_t<T, THREADS, CB, TILES, U, PIPE, L1W>
 MMA = re.compile(r"gemv_mma(_t)?I(\w+?)Li(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELb[01]ELb([01])E")
-# gemv_tile<T, THREADS, BM, BKC, STAGES>: W and x through shared memory
-TILE = re.compile(r"gemv_tileI(\w+?)Li(\d+)ELi(\d+)ELi(\d+)ELi(\d+)E")
+# gemv_tile<T, THREADS, BM, BKC, STAGES>, gemv_tile_t<T, THREADS, BMC, BKC, STAGES>: W and x
+# through shared memory
+TILE = re.compile(r"gemv_tile(_t)?I(\w+?)Li(\d+)ELi(\d+)ELi(\d+)ELi(\d+)E")
 # gemv_quant<T, BITS, THREADS, P1, R, U, NV, VEC=true>
 QNT = re.compile(r"gemv_quantI(\w+?)Li(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELb1E")
 

@@ -15,6 +15,7 @@
 #include "kernels/gemv_quant.cuh"
 #include "kernels/gemv_rowmajor.cuh"
 #include "kernels/gemv_tile.cuh"
+#include "kernels/gemv_tile_t.cuh"
 #include "kernels/gemv_transposed.cuh"
 #include "launch.h"
 
@@ -64,6 +65,18 @@ void launch_kernel(void (*kernel)(P...), dim3 grid, int threads, cudaStream_t s,
   cfg.attrs = attr;
   cfg.numAttrs = pdl_enabled() ? 1 : 0;
   cudaLaunchKernelEx(&cfg, kernel, a);
+}
+
+// More than 48 KiB of dynamic shared memory must be allowed once per kernel and device (`allowed`:
+// one flag per device, owned by the caller for its kernel). A failure is not remembered: the launch
+// then fails and reports it.
+template <typename K>
+void allow_smem(K kernel, int bytes, std::atomic<bool> (&allowed)[64]) {
+  int dev = 0;
+  if (cudaGetDevice(&dev) == cudaSuccess && dev >= 0 && dev < 64 && !allowed[dev].load() &&
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) ==
+          cudaSuccess)
+    allowed[dev].store(true);
 }
 
 // KIND: 0 = CUDA cores, 1 = CUDA cores with software-pipelined loads, 2 = tensor cores (gemv_mma)
@@ -164,19 +177,46 @@ struct RowMajorTile {
   template <typename T, bool VEC>
   static void launch(dim3 grid, cudaStream_t s, const Args& a) {
     if constexpr (VEC && sizeof(T) == 2) {
-      // More than 48 KiB of dynamic shared memory must be allowed once per kernel and device. A
-      // failure is not remembered: the launch then fails and reports it.
       static std::atomic<bool> allowed[64] = {};
-      int dev = 0;
-      if (cudaGetDevice(&dev) == cudaSuccess && dev >= 0 && dev < 64 && !allowed[dev].load() &&
-          cudaFuncSetAttribute(kernels::gemv_tile<T, THREADS, BM, BKC, STAGES>,
-                               cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem) == cudaSuccess)
-        allowed[dev].store(true);
+      allow_smem(kernels::gemv_tile<T, THREADS, BM, BKC, STAGES>, kSmem, allowed);
       launch_kernel(kernels::gemv_tile<T, THREADS, BM, BKC, STAGES>, grid, THREADS, s, a, kSmem);
     } else {
       launch_kernel(kernels::gemv_rowmajor<T, THREADS, 4, 4 * BM / THREADS, 1, NV, false, VEC>,
                     grid, THREADS, s, a);
     }
+  }
+};
+
+// Layout T, 16 vectors on tensor cores through shared memory (kernels/gemv_tile_t.cuh): P1 = BMC
+// 16-byte column chunks per block, P2 = BKC: 8 BKC rows of W per stage, U = STAGES. fp32, the
+// scalar variant and x rows that are not 16-byte aligned run the CUDA-core kernel with the same
+// columns per block and splits.
+template <int THREADS, int BMC, int BKC, int STAGES, int NV>
+struct TransposedTile {
+  static_assert(NV == 16, "tile configs: 16 vectors");
+  static constexpr bool kTrans = true;
+  static constexpr bool kPipelined = true;
+  static constexpr bool kTensorCores = true;
+  static constexpr int kThreads = THREADS, kNV = NV;
+  static constexpr int kSmem = kernels::tile_t_smem_bytes<BMC, BKC, STAGES>();
+  static int64_t k_units(const Problem& p, int) { return p.K; }
+  static int64_t min_units_per_split() { return 8 * BKC; }
+  static int64_t round_span(int64_t s) { return (s + 8 * BKC - 1) / (8 * BKC) * (8 * BKC); }
+  static int64_t grid_x(const Problem& p, int vw) { return ((p.M + vw - 1) / vw + BMC - 1) / BMC; }
+  template <typename T, bool VEC>
+  static void launch(dim3 grid, cudaStream_t s, const Args& a) {
+    if constexpr (VEC && sizeof(T) == 2) {
+      const bool x_ok = (reinterpret_cast<uintptr_t>(a.x) & 15) == 0 &&
+                        (a.nvec <= 1 || a.x_vec % 8 == 0) && (a.groups <= 1 || a.x_group % 8 == 0);
+      if (x_ok) {
+        static std::atomic<bool> allowed[64] = {};
+        allow_smem(kernels::gemv_tile_t<T, THREADS, BMC, BKC, STAGES>, kSmem, allowed);
+        launch_kernel(kernels::gemv_tile_t<T, THREADS, BMC, BKC, STAGES>, grid, THREADS, s, a,
+                      kSmem);
+        return;
+      }
+    }
+    launch_kernel(kernels::gemv_transposed<T, THREADS, BMC, 1, NV, VEC>, grid, THREADS, s, a);
   }
 };
 
