@@ -45,21 +45,27 @@ def main() -> int:
     def rand(shape, dt):
         return cp.asarray(rng.standard_normal(shape).astype(np.float32)).astype(dt)
 
+    def padded(shape, dt, aligned):
+        """A random device array of ``shape`` whose rows start on 16-byte boundaries (aligned: the
+        16-byte-load variant; the row stride is padded, the shape is not), or one element off
+        (base pointer and row stride: the element-load variant)."""
+        if aligned:
+            item = np.dtype(dt).itemsize
+            width = -(-shape[-1] * item // 16) * 16 // item
+            return rand(shape[:-1] + (width,), dt)[..., : shape[-1]]
+        return rand(shape[:-1] + (shape[-1] + 1,), dt)[..., 1:]
+
     dtypes = (cp.float16, np.dtype("bfloat16"), cp.float32)
     for n, c in enumerate(c for c in gemvx.configs() if not c["quant"]):
         tr = c["layout"] == "T"
         nv = min(c["max_vectors"], 3) if c["max_vectors"] > 1 else 1
         for dt in (dtypes[n % 3], dtypes[(n + 1) % 3]):  # every dtype meets every family
-            for (M, K) in ((37, 301),):
+            for (M, K) in ((37, 301),):  # odd: a K tail (layout N), a chunk across M (layout T)
                 for splits in (1, 3):
-                    shape = (K, M) if tr else (M, K)
-                    W = rand(shape, dt)
-                    x = rand((nv, K) if nv > 1 else (K,), dt)
-                    check(W, x, tr, (c["id"], splits))
-                    # unaligned: row stride and base pointer off by one element
-                    Wb = rand((shape[0], shape[1] + 1), dt)[:, 1:]
-                    xb = rand((nv, K + 1) if nv > 1 else (K + 1,), dt)[..., 1:]
-                    check(Wb, xb, tr, (c["id"], splits))
+                    for aligned in (True, False):
+                        W = padded((K, M) if tr else (M, K), dt, aligned)
+                        x = padded((nv, K) if nv > 1 else (K,), dt, aligned)
+                        check(W, x, tr, (c["id"], splits))
     # default configs: odd shapes, tails, alpha/beta, K = 0, batches with broadcasting and reorder
     for dt in (cp.float16, cp.float32):
         for tr in (False, True):
