@@ -67,16 +67,27 @@ void launch_kernel(void (*kernel)(P...), dim3 grid, int threads, cudaStream_t s,
   cudaLaunchKernelEx(&cfg, kernel, a);
 }
 
-// More than 48 KiB of dynamic shared memory must be allowed once per kernel and device (`allowed`:
-// one flag per device, owned by the caller for its kernel). A failure is not remembered: the launch
-// then fails and reports it.
+// Whether `kernel` can run with `bytes` of dynamic shared memory on the current device. More than
+// 48 KiB must be allowed once per kernel and device; `state` (one entry per device, owned by the
+// caller for its kernel) remembers 1 = allowed, -1 = more than the device offers (the caller then
+// runs its CUDA-core kernel instead). A failure to allow is not remembered: the launch then fails
+// and reports it.
 template <typename K>
-void allow_smem(K kernel, int bytes, std::atomic<bool> (&allowed)[64]) {
+bool smem_ok(K kernel, int bytes, std::atomic<int8_t> (&state)[64]) {
   int dev = 0;
-  if (cudaGetDevice(&dev) == cudaSuccess && dev >= 0 && dev < 64 && !allowed[dev].load() &&
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) ==
-          cudaSuccess)
-    allowed[dev].store(true);
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return true;
+  const int8_t known = state[dev].load(std::memory_order_relaxed);
+  if (known != 0) return known > 0;
+  int most = 0;
+  if (cudaDeviceGetAttribute(&most, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) == cudaSuccess &&
+      most < bytes) {
+    state[dev].store(-1, std::memory_order_relaxed);
+    return false;
+  }
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) ==
+      cudaSuccess)
+    state[dev].store(1, std::memory_order_relaxed);
+  return true;
 }
 
 // KIND: 0 = CUDA cores, 1 = CUDA cores with software-pipelined loads, 2 = tensor cores (gemv_mma)
@@ -160,8 +171,9 @@ template <int THREADS, int CB, int P2, int U, int NV>
 using TransposedMmaL1 = TransposedFamily<true, false, THREADS, CB, P2, U, NV, true>;
 
 // Layout N, 16 vectors on tensor cores through shared memory (kernels/gemv_tile.cuh): P1 = BM rows
-// per block, P2 = BKC 16-byte chunks of K per stage, U = STAGES. fp32 and the scalar variant run
-// the CUDA-core kernel with the same rows per block (4 lanes per row) and splits.
+// per block, P2 = BKC 16-byte chunks of K per stage, U = STAGES. fp32, the scalar variant and GPUs
+// with less shared memory per block than the config needs run the CUDA-core kernel with the same
+// rows per block (4 lanes per row) and splits.
 template <int THREADS, int BM, int BKC, int STAGES, int NV>
 struct RowMajorTile {
   static_assert(NV == 16 && (4 * BM) % THREADS == 0, "tile configs: 16 vectors, 4 lanes per row");
@@ -177,20 +189,22 @@ struct RowMajorTile {
   template <typename T, bool VEC>
   static void launch(dim3 grid, cudaStream_t s, const Args& a) {
     if constexpr (VEC && sizeof(T) == 2) {
-      static std::atomic<bool> allowed[64] = {};
-      allow_smem(kernels::gemv_tile<T, THREADS, BM, BKC, STAGES>, kSmem, allowed);
-      launch_kernel(kernels::gemv_tile<T, THREADS, BM, BKC, STAGES>, grid, THREADS, s, a, kSmem);
-    } else {
-      launch_kernel(kernels::gemv_rowmajor<T, THREADS, 4, 4 * BM / THREADS, 1, NV, false, VEC>,
-                    grid, THREADS, s, a);
+      static std::atomic<int8_t> state[64] = {};
+      if (smem_ok(kernels::gemv_tile<T, THREADS, BM, BKC, STAGES>, kSmem, state)) {
+        launch_kernel(kernels::gemv_tile<T, THREADS, BM, BKC, STAGES>, grid, THREADS, s, a,
+                      kSmem);
+        return;
+      }
     }
+    launch_kernel(kernels::gemv_rowmajor<T, THREADS, 4, 4 * BM / THREADS, 1, NV, false, VEC>, grid,
+                  THREADS, s, a);
   }
 };
 
 // Layout T, 16 vectors on tensor cores through shared memory (kernels/gemv_tile_t.cuh): P1 = BMC
 // 16-byte column chunks per block, P2 = BKC: 8 BKC rows of W per stage, U = STAGES. fp32, the
-// scalar variant and x rows that are not 16-byte aligned run the CUDA-core kernel with the same
-// columns per block and splits.
+// scalar variant, x rows that are not 16-byte aligned and GPUs with too little shared memory per
+// block run the CUDA-core kernel with the same columns per block and splits.
 template <int THREADS, int BMC, int BKC, int STAGES, int NV>
 struct TransposedTile {
   static_assert(NV == 16, "tile configs: 16 vectors");
@@ -208,9 +222,8 @@ struct TransposedTile {
     if constexpr (VEC && sizeof(T) == 2) {
       const bool x_ok = (reinterpret_cast<uintptr_t>(a.x) & 15) == 0 &&
                         (a.nvec <= 1 || a.x_vec % 8 == 0) && (a.groups <= 1 || a.x_group % 8 == 0);
-      if (x_ok) {
-        static std::atomic<bool> allowed[64] = {};
-        allow_smem(kernels::gemv_tile_t<T, THREADS, BMC, BKC, STAGES>, kSmem, allowed);
+      static std::atomic<int8_t> state[64] = {};
+      if (x_ok && smem_ok(kernels::gemv_tile_t<T, THREADS, BMC, BKC, STAGES>, kSmem, state)) {
         launch_kernel(kernels::gemv_tile_t<T, THREADS, BMC, BKC, STAGES>, grid, THREADS, s, a,
                       kSmem);
         return;
