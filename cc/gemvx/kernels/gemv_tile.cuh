@@ -44,6 +44,26 @@ __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* smem) {
                : "r"(a));
 }
 
+// The block's stage loop: load_stage(buf, step) issues the copies of stage `step` into buffer buf,
+// compute(buf) consumes a buffer; STAGES - 1 stages are in flight while one is consumed.
+template <int STAGES, typename Load, typename Compute>
+__device__ __forceinline__ void run_stages(int64_t steps, Load& load_stage, Compute& compute) {
+#pragma unroll
+  for (int st = 0; st < STAGES - 1; ++st) {
+    if (st < steps) load_stage(st, st);
+    cp_async_commit();
+  }
+#pragma unroll 1
+  for (int64_t step = 0; step < steps; ++step) {
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();  // stage `step` is visible to all; every warp is done with step - 1's buffer
+    const int64_t next = step + STAGES - 1;
+    if (next < steps) load_stage(int(next % STAGES), next);
+    cp_async_commit();
+    compute(int(step % STAGES));
+  }
+}
+
 // Dynamic shared memory of one block: STAGES x (BM rows of W + 16 vectors of x) x BKC chunks.
 template <int BM, int BKC, int STAGES>
 constexpr int tile_smem_bytes() {
@@ -134,24 +154,13 @@ __global__ void __launch_bounds__(THREADS) gemv_tile(const Args a) {
     }
   };
 
-#pragma unroll
-  for (int st = 0; st < STAGES - 1; ++st) {
-    if (st < steps) load_stage(st, st);
-    cp_async_commit();
-  }
-#pragma unroll 1
-  for (int64_t step = 0; step < steps; ++step) {
-    cp_async_wait<STAGES - 2>();
-    __syncthreads();  // stage `step` is visible to all; every warp is done with step - 1's buffer
-    const int64_t next = step + STAGES - 1;
-    if (next < steps) load_stage(int(next % STAGES), next);
-    cp_async_commit();
-    compute(int(step % STAGES));
-  }
+  run_stages<STAGES>(steps, load_stage, compute);
   pdl_trigger();
 
   // Lane (gq, t) holds D[gq][2t], D[gq][2t+1], D[gq+8][2t], D[gq+8][2t+1] of each 8-row tile j:
-  // vector gq (+8), rows 8j + 2t (+1) of the warp's rows.
+  // vector gq (+8), rows 8j + 2t (+1) of the warp's rows. This is gemv_mma's store, written out
+  // again: sharing it as a function changed gemv_mma's register allocation throughout (cuobjdump),
+  // which its measured configs would then need re-timing for.
   const int gq = lane / 4, t = lane % 4;
   const bool tail = split == a.splits - 1 && nchunk * VW < a.K;
 #pragma unroll

@@ -126,20 +126,7 @@ __global__ void __launch_bounds__(THREADS) gemv_tile_t(const Args a) {
     }
   };
 
-#pragma unroll
-  for (int st = 0; st < STAGES - 1; ++st) {
-    if (st < steps) load_stage(st, st);
-    cp_async_commit();
-  }
-#pragma unroll 1
-  for (int64_t step = 0; step < steps; ++step) {
-    cp_async_wait<STAGES - 2>();
-    __syncthreads();  // stage `step` is visible to all; every warp is done with step - 1's buffer
-    const int64_t next = step + STAGES - 1;
-    if (next < steps) load_stage(int(next % STAGES), next);
-    cp_async_commit();
-    compute(int(step % STAGES));
-  }
+  run_stages<STAGES>(steps, load_stage, compute);
   pdl_trigger();
 
   // Lane (gq, t) holds vectors gq and gq + 8 at columns 8j + 2t, 8j + 2t + 1 of each 8-column tile
