@@ -42,18 +42,23 @@ def main() -> int:
             bad += 1
             print(f"WRONG {W} x{x.shape} {x.dtype} T={transpose} config={config}: {err:.3e}")
 
-    def rand(shape, dt):
-        return cp.asarray(rng.standard_normal(shape).astype(np.float32)).astype(dt)
+    def host(shape, dt):
+        return rng.standard_normal(shape).astype(np.float32).astype(dt)
 
-    def padded(shape, dt, aligned):
-        """A random device array of ``shape`` whose rows start on 16-byte boundaries (aligned: the
-        16-byte-load variant; the row stride is padded, the shape is not), or one element off
-        (base pointer and row stride: the element-load variant)."""
+    def rand(shape, dt):
+        return cp.asarray(host(shape, dt))
+
+    def rows_view(a, aligned):
+        """A device copy of host array ``a`` whose rows start on 16-byte boundaries (aligned:
+        the 16-byte-load variant), or one element off (the element-load variant)."""
         if aligned:
-            item = np.dtype(dt).itemsize
-            width = -(-shape[-1] * item // 16) * 16 // item
-            return rand(shape[:-1] + (width,), dt)[..., : shape[-1]]
-        return rand(shape[:-1] + (shape[-1] + 1,), dt)[..., 1:]
+            width = -(-a.shape[-1] * a.itemsize // 16) * 16 // a.itemsize
+            base = cp.zeros(a.shape[:-1] + (width,), a.dtype)
+            base[..., : a.shape[-1]] = cp.asarray(a)
+            return base[..., : a.shape[-1]]
+        base = cp.zeros(a.size + 1, a.dtype)
+        base[1:] = cp.asarray(a).ravel()
+        return base[1:].reshape(a.shape)
 
     dtypes = (cp.float16, np.dtype("bfloat16"), cp.float32)
     for n, c in enumerate(c for c in gemvx.configs() if not c["quant"]):
@@ -63,8 +68,8 @@ def main() -> int:
             for (M, K) in ((37, 301),):  # odd: a K tail (layout N), a chunk across M (layout T)
                 for splits in (1, 3):
                     for aligned in (True, False):
-                        W = padded((K, M) if tr else (M, K), dt, aligned)
-                        x = padded((nv, K) if nv > 1 else (K,), dt, aligned)
+                        W = rows_view(host((K, M) if tr else (M, K), dt), aligned)
+                        x = rows_view(host((nv, K) if nv > 1 else (K,), dt), aligned)
                         check(W, x, tr, (c["id"], splits))
     # default configs: odd shapes, tails, alpha/beta, K = 0, batches with broadcasting and reorder
     for dt in (cp.float16, cp.float32):
@@ -83,18 +88,6 @@ def main() -> int:
     # Weight-only quantised W: every Quant config (int4 with zero points and int8), 16-byte and
     # unaligned loads, split-K, a partial last chunk, vectors past one n-tile; then every format
     # with the default config. Checked against the exactly dequantised matrix in float64.
-    def rows_view(a, aligned):
-        """A device copy of host array ``a`` whose rows start on 16-byte boundaries (aligned:
-        the 16-byte-load variant), or one element off (the element-load variant)."""
-        if aligned:
-            width = -(-a.shape[-1] * a.itemsize // 16) * 16 // a.itemsize
-            base = cp.zeros(a.shape[:-1] + (width,), a.dtype)
-            base[..., : a.shape[-1]] = cp.asarray(a)
-            return base[..., : a.shape[-1]]
-        base = cp.zeros(a.size + 1, a.dtype)
-        base[1:] = cp.asarray(a).ravel()
-        return base[1:].reshape(a.shape)
-
     def quantized(M, K, bits, g, asym, aligned=True):
         W = rng.standard_normal((M, K)).astype(np.float32)
         q = gemvx.quantize(W, bits=bits, group_size=g, symmetric=not asym, scale_dtype="float16")

@@ -163,7 +163,8 @@ __global__ void __launch_bounds__(THREADS) gemv_mma_t(const Args a) {
       struct Step {
         uint4 w[U][TILES][2];
       };
-      int64_t steps = k_end - kb - (U - 1) * STEP - 16 >= 0 ? (k_end - kb - (U - 1) * STEP - 16) / (U * STEP) + 1 : 0;
+      const int64_t span = k_end - kb - (U - 1) * STEP - 16;  // whole steps: span / (U STEP) + 1
+      int64_t steps = span >= 0 ? span / (U * STEP) + 1 : 0;
       if (steps > 0) {
         Step sa, sb;
         auto step = [&](const Step& cur, Step& next) {
