@@ -102,15 +102,10 @@
   X(70, RowMajorMmaPipelinedL1, 128, 4, 1, 2, 16) \
   X(71, TransposedMmaL1, 256, 8, 2, 2, 16) \
   X(72, RowMajorTile, 128, 64, 16, 4, 16) \
-  X(73, RowMajorTile, 128, 128, 16, 3, 16) \
-  X(74, RowMajorTile, 128, 128, 8, 4, 16) \
-  X(75, RowMajorTile, 256, 128, 16, 3, 16) \
-  X(76, RowMajorTile, 128, 64, 32, 3, 16) \
-  X(77, TransposedTile, 128, 16, 8, 4, 16) \
-  X(78, TransposedTile, 128, 32, 8, 3, 16) \
-  X(79, TransposedTile, 256, 32, 4, 4, 16) \
-  X(80, TransposedTile, 128, 8, 16, 3, 16) \
-  X(81, TransposedTile, 128, 16, 4, 4, 16) \
+  X(73, RowMajorTile, 256, 128, 16, 3, 16) \
+  X(74, RowMajorTile, 128, 64, 32, 3, 16) \
+  X(75, TransposedTile, 128, 16, 8, 4, 16) \
+  X(76, TransposedTile, 128, 32, 8, 3, 16) \
   X(100, Quant, 128, 4, 1, 2, 8)              \
   X(101, Quant, 128, 4, 1, 4, 8)              \
   X(102, Quant, 128, 4, 2, 2, 8)              \

@@ -51,9 +51,10 @@ bool pdl_enabled() {
 }
 
 // Every kernel goes through here. The launch error is read by the caller (cudaGetLastError).
+// overlap = false launches without programmatic dependent launch even where it is on.
 template <typename A, typename... P>
 void launch_kernel(void (*kernel)(P...), dim3 grid, int threads, cudaStream_t s, const A& a,
-                   std::size_t smem = 0) {
+                   std::size_t smem = 0, bool overlap = true) {
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
@@ -63,7 +64,7 @@ void launch_kernel(void (*kernel)(P...), dim3 grid, int threads, cudaStream_t s,
   cfg.dynamicSmemBytes = smem;
   cfg.stream = s;
   cfg.attrs = attr;
-  cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  cfg.numAttrs = overlap && pdl_enabled() ? 1 : 0;
   cudaLaunchKernelEx(&cfg, kernel, a);
 }
 
@@ -224,8 +225,12 @@ struct TransposedTile {
                         (a.nvec <= 1 || a.x_vec % 8 == 0) && (a.groups <= 1 || a.x_group % 8 == 0);
       static std::atomic<int8_t> state[64] = {};
       if (x_ok && smem_ok(kernels::gemv_tile_t<T, THREADS, BMC, BKC, STAGES>, kSmem, state)) {
+        // No overlap with the previous kernel: with it, back-to-back batch-16 calls of config 76
+        // ran bimodally (fp16 8192x8192 on an H200: 51.4 us median, 39.3 us without the
+        // overlap; benchmarks/NOTES.md). Two of these blocks fit on an SM; the likely cause is
+        // early blocks landing two to an SM on the SMs the previous kernel left first.
         launch_kernel(kernels::gemv_tile_t<T, THREADS, BMC, BKC, STAGES>, grid, THREADS, s, a,
-                      kSmem);
+                      kSmem, /*overlap=*/false);
         return;
       }
     }
