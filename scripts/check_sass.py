@@ -1,7 +1,8 @@
 """Check the compiled kernels' SASS: every 16-byte-vector GEMV kernel must stream W with 128-bit
 loads (LDG.E.NA.128) (tensor-core kernels: feeding HMMA.16816; the configs built to load W with
 L1 allocation, L1W = true, use 128-bit read-only loads, LDG.E.128.CONSTANT, instead: more of
-them than the same kernel without L1W, which loads only x that way), and every
+them than the same kernel without L1W, which loads only x that way; the shared-memory tile
+kernels must copy with cp.async (LDGSTS) and read fragments with LDSM), and every
 software-pipelined kernel must issue all UNROLL x R loads of a step before its first FMA
 (quantised kernels: all loads of a step before the first HMMA). For the other kernels ptxas
 decides the order; a small source change once flipped it into interleaving loads with math (8-15%
@@ -22,6 +23,9 @@ ROW = re.compile(r"gemv_rowmajorI(\w+?)Li(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)EL
 TRN = re.compile(r"gemv_transposedI(\w+?)Li(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELb1E")
 # gemv_mma<T, THREADS, TPR, TILES, U, PIPE, L1W>, gemv_mma_t<T, THREADS, CB, TILES, U, PIPE, L1W>
 MMA = re.compile(r"gemv_mma(_t)?I(\w+?)Li(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELb[01]ELb([01])E")
+# gemv_tile<T, THREADS, BM, BKC, STAGES>, gemv_tile_t<T, THREADS, BMC, BKC, STAGES>: W and x
+# through shared memory
+TILE = re.compile(r"gemv_tile(_t)?I(\w+?)Li(\d+)ELi(\d+)ELi(\d+)ELi(\d+)E")
 # gemv_quant<T, BITS, THREADS, P1, R, U, NV, VEC=true>
 QNT = re.compile(r"gemv_quantI(\w+?)Li(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELb1E")
 
@@ -67,6 +71,14 @@ def main() -> int:
             w_load = "LDG.E.128.CONSTANT" if mma.group(7) == "1" else "LDG.E.NA.128"
             if w_load not in f or "HMMA.16816.F32" not in f:
                 print(f"tensor-core kernel without {w_load} loads or HMMA.16816: {name}")
+                bad += 1
+            continue
+        if TILE.search(name) and name not in seen:
+            # Shared-memory tile kernels: cp.async copies (LDGSTS), ldmatrix (LDSM) into HMMA.
+            seen.add(name)
+            checked += 1
+            if any(op not in f for op in ("LDGSTS", "LDSM", "HMMA.16816.F32")):
+                print(f"tile kernel without LDGSTS, LDSM or HMMA.16816: {name}")
                 bad += 1
             continue
         if QNT.search(name) and name not in seen:

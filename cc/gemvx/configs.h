@@ -22,6 +22,11 @@
 //              (P1 / (4 P2) warps along M, the other warps split K), NV = 16.
 //              fp32 and unaligned operands run the Transposed kernel with the same columns.
 //   TransposedMmaPipelined: TransposedMma with software-pipelined W loads, as above.
+//   RowMajorTile: 16 vectors on tensor cores with W and x staged in shared memory by cp.async
+//              (kernels/gemv_tile.cuh): P1 = rows per block, P2 = 16-byte chunks of K per stage,
+//              UNROLL = stages (STAGES - 1 in flight), NV = 16.
+//   TransposedTile: the same for layout T (kernels/gemv_tile_t.cuh): P1 = 16-byte column chunks
+//              per block, P2 = 8-row groups of W per stage, UNROLL = stages, NV = 16.
 //   RowMajorMmaPipelinedL1, TransposedMmaL1: RowMajorMmaPipelined / TransposedMma with W loaded
 //              with L1 allocation (ld.global.nc) instead of L1::no_allocate.
 //   Quant      (layout N, weight-only quantised W: int8, or int4 packed two per byte along K;
@@ -96,6 +101,11 @@
   X(69, RowMajorMmaPipelinedL1, 128, 4, 1, 4, 16) \
   X(70, RowMajorMmaPipelinedL1, 128, 4, 1, 2, 16) \
   X(71, TransposedMmaL1, 256, 8, 2, 2, 16) \
+  X(72, RowMajorTile, 128, 64, 16, 4, 16) \
+  X(73, RowMajorTile, 256, 128, 16, 3, 16) \
+  X(74, RowMajorTile, 128, 64, 32, 3, 16) \
+  X(75, TransposedTile, 128, 16, 8, 4, 16) \
+  X(76, TransposedTile, 128, 32, 8, 3, 16) \
   X(100, Quant, 128, 4, 1, 2, 8)              \
   X(101, Quant, 128, 4, 1, 4, 8)              \
   X(102, Quant, 128, 4, 2, 2, 8)              \

@@ -14,6 +14,8 @@
 #include "kernels/gemv_mma_t.cuh"
 #include "kernels/gemv_quant.cuh"
 #include "kernels/gemv_rowmajor.cuh"
+#include "kernels/gemv_tile.cuh"
+#include "kernels/gemv_tile_t.cuh"
 #include "kernels/gemv_transposed.cuh"
 #include "launch.h"
 
@@ -49,19 +51,44 @@ bool pdl_enabled() {
 }
 
 // Every kernel goes through here. The launch error is read by the caller (cudaGetLastError).
+// overlap = false launches without programmatic dependent launch even where it is on.
 template <typename A, typename... P>
-void launch_kernel(void (*kernel)(P...), dim3 grid, int threads, cudaStream_t s, const A& a) {
+void launch_kernel(void (*kernel)(P...), dim3 grid, int threads, cudaStream_t s, const A& a,
+                   std::size_t smem = 0, bool overlap = true) {
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = dim3(unsigned(threads));
-  cfg.dynamicSmemBytes = 0;
+  cfg.dynamicSmemBytes = smem;
   cfg.stream = s;
   cfg.attrs = attr;
-  cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  cfg.numAttrs = overlap && pdl_enabled() ? 1 : 0;
   cudaLaunchKernelEx(&cfg, kernel, a);
+}
+
+// Whether `kernel` can run with `bytes` of dynamic shared memory on the current device. More than
+// 48 KiB must be allowed once per kernel and device; `state` (one entry per device, owned by the
+// caller for its kernel) remembers 1 = allowed, -1 = more than the device offers (the caller then
+// runs its CUDA-core kernel instead). A failure to allow is not remembered: the launch then fails
+// and reports it.
+template <typename K>
+bool smem_ok(K kernel, int bytes, std::atomic<int8_t> (&state)[64]) {
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return true;
+  const int8_t known = state[dev].load(std::memory_order_relaxed);
+  if (known != 0) return known > 0;
+  int most = 0;
+  if (cudaDeviceGetAttribute(&most, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) == cudaSuccess &&
+      most < bytes) {
+    state[dev].store(-1, std::memory_order_relaxed);
+    return false;
+  }
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) ==
+      cudaSuccess)
+    state[dev].store(1, std::memory_order_relaxed);
+  return true;
 }
 
 // KIND: 0 = CUDA cores, 1 = CUDA cores with software-pipelined loads, 2 = tensor cores (gemv_mma)
@@ -143,6 +170,73 @@ template <int THREADS, int CB, int P2, int U, int NV>
 using TransposedMmaPipelined = TransposedFamily<true, true, THREADS, CB, P2, U, NV>;
 template <int THREADS, int CB, int P2, int U, int NV>
 using TransposedMmaL1 = TransposedFamily<true, false, THREADS, CB, P2, U, NV, true>;
+
+// Layout N, 16 vectors on tensor cores through shared memory (kernels/gemv_tile.cuh): P1 = BM rows
+// per block, P2 = BKC 16-byte chunks of K per stage, U = STAGES. fp32, the scalar variant and GPUs
+// with less shared memory per block than the config needs run the CUDA-core kernel with the same
+// rows per block (4 lanes per row) and splits.
+template <int THREADS, int BM, int BKC, int STAGES, int NV>
+struct RowMajorTile {
+  static_assert(NV == 16 && (4 * BM) % THREADS == 0, "tile configs: 16 vectors, 4 lanes per row");
+  static constexpr bool kTrans = false;
+  static constexpr bool kPipelined = true;
+  static constexpr bool kTensorCores = true;
+  static constexpr int kThreads = THREADS, kNV = NV;
+  static constexpr int kSmem = kernels::tile_smem_bytes<BM, BKC, STAGES>();
+  static int64_t k_units(const Problem& p, int vw) { return p.K / vw; }
+  static int64_t min_units_per_split() { return BKC; }
+  static int64_t round_span(int64_t s) { return (s + BKC - 1) / BKC * BKC; }
+  static int64_t grid_x(const Problem& p, int) { return (p.M + BM - 1) / BM; }
+  template <typename T, bool VEC>
+  static void launch(dim3 grid, cudaStream_t s, const Args& a) {
+    if constexpr (VEC && sizeof(T) == 2) {
+      static std::atomic<int8_t> state[64] = {};
+      if (smem_ok(kernels::gemv_tile<T, THREADS, BM, BKC, STAGES>, kSmem, state)) {
+        launch_kernel(kernels::gemv_tile<T, THREADS, BM, BKC, STAGES>, grid, THREADS, s, a,
+                      kSmem);
+        return;
+      }
+    }
+    launch_kernel(kernels::gemv_rowmajor<T, THREADS, 4, 4 * BM / THREADS, 1, NV, false, VEC>, grid,
+                  THREADS, s, a);
+  }
+};
+
+// Layout T, 16 vectors on tensor cores through shared memory (kernels/gemv_tile_t.cuh): P1 = BMC
+// 16-byte column chunks per block, P2 = BKC: 8 BKC rows of W per stage, U = STAGES. fp32, the
+// scalar variant, x rows that are not 16-byte aligned and GPUs with too little shared memory per
+// block run the CUDA-core kernel with the same columns per block and splits.
+template <int THREADS, int BMC, int BKC, int STAGES, int NV>
+struct TransposedTile {
+  static_assert(NV == 16, "tile configs: 16 vectors");
+  static constexpr bool kTrans = true;
+  static constexpr bool kPipelined = true;
+  static constexpr bool kTensorCores = true;
+  static constexpr int kThreads = THREADS, kNV = NV;
+  static constexpr int kSmem = kernels::tile_t_smem_bytes<BMC, BKC, STAGES>();
+  static int64_t k_units(const Problem& p, int) { return p.K; }
+  static int64_t min_units_per_split() { return 8 * BKC; }
+  static int64_t round_span(int64_t s) { return (s + 8 * BKC - 1) / (8 * BKC) * (8 * BKC); }
+  static int64_t grid_x(const Problem& p, int vw) { return ((p.M + vw - 1) / vw + BMC - 1) / BMC; }
+  template <typename T, bool VEC>
+  static void launch(dim3 grid, cudaStream_t s, const Args& a) {
+    if constexpr (VEC && sizeof(T) == 2) {
+      const bool x_ok = (reinterpret_cast<uintptr_t>(a.x) & 15) == 0 &&
+                        (a.nvec <= 1 || a.x_vec % 8 == 0) && (a.groups <= 1 || a.x_group % 8 == 0);
+      static std::atomic<int8_t> state[64] = {};
+      if (x_ok && smem_ok(kernels::gemv_tile_t<T, THREADS, BMC, BKC, STAGES>, kSmem, state)) {
+        // No overlap with the previous kernel: with it, back-to-back batch-16 calls of config 76
+        // ran bimodally (fp16 8192x8192 on an H200: 51.4 us median, 39.3 us without the
+        // overlap; benchmarks/NOTES.md). Two of these blocks fit on an SM; the likely cause is
+        // early blocks landing two to an SM on the SMs the previous kernel left first.
+        launch_kernel(kernels::gemv_tile_t<T, THREADS, BMC, BKC, STAGES>, grid, THREADS, s, a,
+                      kSmem, /*overlap=*/false);
+        return;
+      }
+    }
+    launch_kernel(kernels::gemv_transposed<T, THREADS, BMC, 1, NV, VEC>, grid, THREADS, s, a);
+  }
+};
 
 // Layout N, weight-only quantised W (Problem::wbits 4 or 8), tensor-core mma with fp32
 // accumulation (kernels/gemv_quant.cuh). P1 = lanes that walk a row (4 per warp: P1 / 4 warps
