@@ -208,6 +208,7 @@ struct RowMajorTile {
 // block run the CUDA-core kernel with the same columns per block and splits.
 template <int THREADS, int BMC, int BKC, int STAGES, int NV>
 struct TransposedTile {
+  static constexpr int64_t kOverlapMaxBytes = int64_t(16) << 20;  // between 8 and 32 MiB measured
   static_assert(NV == 16, "tile configs: 16 vectors");
   static constexpr bool kTrans = true;
   static constexpr bool kPipelined = true;
@@ -225,12 +226,13 @@ struct TransposedTile {
                         (a.nvec <= 1 || a.x_vec % 8 == 0) && (a.groups <= 1 || a.x_group % 8 == 0);
       static std::atomic<int8_t> state[64] = {};
       if (x_ok && smem_ok(kernels::gemv_tile_t<T, THREADS, BMC, BKC, STAGES>, kSmem, state)) {
-        // No overlap with the previous kernel: with it, back-to-back batch-16 calls of config 76
-        // ran bimodally (fp16 8192x8192 on an H200: 51.4 us median, 39.3 us without the
-        // overlap; benchmarks/NOTES.md). Two of these blocks fit on an SM; the likely cause is
-        // early blocks landing two to an SM on the SMs the previous kernel left first.
+        // Overlap with the previous kernel only while W is small: on large W back-to-back
+        // batch-16 calls of config 76 ran bimodally with it (fp16 8192x8192 on an H200: 51.4 us
+        // median, 39.3 us without; the likely cause is early blocks landing two to an SM), while
+        // on small W it hides 0.4-0.8 us of launch latency (benchmarks/NOTES.md).
+        const bool overlap = a.M * a.K * a.groups * int64_t(sizeof(T)) < kOverlapMaxBytes;
         launch_kernel(kernels::gemv_tile_t<T, THREADS, BMC, BKC, STAGES>, grid, THREADS, s, a,
-                      kSmem, /*overlap=*/false);
+                      kSmem, overlap);
         return;
       }
     }
