@@ -106,6 +106,8 @@
   X(74, RowMajorTile, 128, 64, 32, 3, 16) \
   X(75, TransposedTile, 128, 16, 8, 4, 16) \
   X(76, TransposedTile, 128, 32, 8, 3, 16) \
+  X(77, TransposedTile, 128, 16, 4, 6, 16) \
+  X(78, TransposedTile, 256, 32, 4, 6, 16) \
   X(100, Quant, 128, 4, 1, 2, 8)              \
   X(101, Quant, 128, 4, 1, 4, 8)              \
   X(102, Quant, 128, 4, 2, 2, 8)              \
