@@ -93,8 +93,8 @@ bool smem_ok(K kernel, int bytes, std::atomic<int8_t> (&state)[64]) {
 
 // KIND: 0 = CUDA cores, 1 = CUDA cores with software-pipelined loads, 2 = tensor cores (gemv_mma)
 // for 16-bit types on the 16-byte body, 3 = the same with software-pipelined loads; fp32 and the
-// scalar variant of a tensor-core config run the CUDA-core kernel with the same rows, lanes and splits (one 16-byte load per row
-// in flight).
+// scalar variant of a tensor-core config run the CUDA-core kernel with the same rows, lanes and
+// splits (one 16-byte load per row in flight).
 template <int KIND, int THREADS, int TPR, int R, int U, int NV>
 struct RowMajorFamily {
   static constexpr bool kMma = KIND >= 2;
