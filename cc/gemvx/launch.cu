@@ -129,7 +129,8 @@ using RowMajorMmaPipelined = RowMajorFamily<3, THREADS, TPR, R, U, NV>;
 
 // MMA = false: CUDA cores, P2 = 1. MMA = true: tensor cores (gemv_mma_t) for 16-bit types on the
 // 16-byte body, P2 = 32-column tiles per warp, PIPE: software-pipelined W loads; fp32 and the
-// scalar variant run the CUDA-core kernel with the same threads, columns per block and splits (so the grid is the same either way).
+// scalar variant run the CUDA-core kernel with the same threads, columns per block and splits
+// (so the grid is the same either way).
 template <bool MMA, bool PIPE, int THREADS, int CB, int P2, int U, int NV>
 struct TransposedFamily {
   static_assert(MMA || (P2 == 1 && !PIPE), "Transposed configs take P2 = 1");
