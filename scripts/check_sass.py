@@ -28,6 +28,21 @@ TILE = re.compile(r"gemv_tile(_t)?I(\w+?)Li(\d+)ELi(\d+)ELi(\d+)ELi(\d+)E")
 QNT = re.compile(r"gemv_quantI(\w+?)Li(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELb1E")
 
 
+def needs_ops(kind: str, ops: tuple[str, ...]):
+    """A check that the kernel's SASS holds every one of ``ops``."""
+    def check(name: str, body: str) -> str | None:
+        if all(op in body for op in ops):
+            return None
+        return f"{kind} kernel without {', '.join(ops[:-1])} or {ops[-1]}: {name}"
+    return check
+
+
+# Tensor-core kernels: 128-bit stream loads of W feeding HMMA.
+check_mma = needs_ops("tensor-core", ("LDG.E.NA.128", "HMMA.16816.F32"))
+# Shared-memory tile kernels: cp.async copies (LDGSTS), ldmatrix (LDSM) into HMMA.
+check_tile = needs_ops("tile", ("LDGSTS", "LDSM", "HMMA.16816.F32"))
+
+
 def check_quant(name: str, body: str) -> str | None:
     """A quantised kernel must stream packed W with 128-bit loads, multiply on tensor cores
     (HMMA), and issue a step's U x R x 2 (two rows per lane) W loads before its first HMMA."""
@@ -55,33 +70,20 @@ def main() -> int:
     seen = set()
     for f in funcs:
         name = f.split("\n", 1)[0].strip()
-        m, t = ROW.search(name), TRN.search(name)
-        mma = MMA.search(name)
-        if mma and name not in seen:
-            # Tensor-core kernels: 128-bit stream loads of W feeding HMMA.
-            seen.add(name)
-            checked += 1
-            if "LDG.E.NA.128" not in f or "HMMA.16816.F32" not in f:
-                print(f"tensor-core kernel without LDG.E.NA.128 loads or HMMA.16816: {name}")
-                bad += 1
+        if name in seen:
             continue
-        if TILE.search(name) and name not in seen:
-            # Shared-memory tile kernels: cp.async copies (LDGSTS), ldmatrix (LDSM) into HMMA.
+        check = next((c for rx, c in ((MMA, check_mma), (TILE, check_tile), (QNT, check_quant))
+                      if rx.search(name)), None)
+        if check:
             seen.add(name)
             checked += 1
-            if any(op not in f for op in ("LDGSTS", "LDSM", "HMMA.16816.F32")):
-                print(f"tile kernel without LDGSTS, LDSM or HMMA.16816: {name}")
-                bad += 1
-            continue
-        if QNT.search(name) and name not in seen:
-            seen.add(name)
-            checked += 1
-            problem = check_quant(name, f)
+            problem = check(name, f)
             if problem:
                 print(problem)
                 bad += 1
             continue
-        if not (m or t) or name in seen:
+        m, t = ROW.search(name), TRN.search(name)
+        if not (m or t):
             continue
         seen.add(name)
         want = int(m.group(5)) * int(m.group(4)) if m else int(t.group(4))
