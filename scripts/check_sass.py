@@ -1,8 +1,6 @@
 """Check the compiled kernels' SASS: every 16-byte-vector GEMV kernel must stream W with 128-bit
-loads (LDG.E.NA.128) (tensor-core kernels: feeding HMMA.16816; the configs built to load W with
-L1 allocation, L1W = true, use 128-bit read-only loads, LDG.E.128.CONSTANT, instead: more of
-them than the same kernel without L1W, which loads only x that way; the shared-memory tile
-kernels must copy with cp.async (LDGSTS) and read fragments with LDSM), and every
+loads (LDG.E.NA.128) (tensor-core kernels: feeding HMMA.16816; the shared-memory tile kernels
+must copy with cp.async (LDGSTS) and read fragments with LDSM), and every
 software-pipelined kernel must issue all UNROLL x R loads of a step before its first FMA
 (quantised kernels: all loads of a step before the first HMMA). For the other kernels ptxas
 decides the order; a small source change once flipped it into interleaving loads with math (8-15%
@@ -21,13 +19,28 @@ from pathlib import Path
 
 ROW = re.compile(r"gemv_rowmajorI(\w+?)Li(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELb([01])ELb1E")
 TRN = re.compile(r"gemv_transposedI(\w+?)Li(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELb1E")
-# gemv_mma<T, THREADS, TPR, TILES, U, PIPE, L1W>, gemv_mma_t<T, THREADS, CB, TILES, U, PIPE, L1W>
-MMA = re.compile(r"gemv_mma(_t)?I(\w+?)Li(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELb[01]ELb([01])E")
+# gemv_mma<T, THREADS, TPR, TILES, U, PIPE>, gemv_mma_t<T, THREADS, CB, TILES, U, PIPE>
+MMA = re.compile(r"gemv_mma(_t)?I(\w+?)Li(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELb[01]E")
 # gemv_tile<T, THREADS, BM, BKC, STAGES>, gemv_tile_t<T, THREADS, BMC, BKC, STAGES>: W and x
 # through shared memory
 TILE = re.compile(r"gemv_tile(_t)?I(\w+?)Li(\d+)ELi(\d+)ELi(\d+)ELi(\d+)E")
 # gemv_quant<T, BITS, THREADS, P1, R, U, NV, VEC=true>
 QNT = re.compile(r"gemv_quantI(\w+?)Li(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELb1E")
+
+
+def needs_ops(kind: str, ops: tuple[str, ...]):
+    """A check that the kernel's SASS holds every one of ``ops``."""
+    def check(name: str, body: str) -> str | None:
+        if all(op in body for op in ops):
+            return None
+        return f"{kind} kernel without {', '.join(ops[:-1])} or {ops[-1]}: {name}"
+    return check
+
+
+# Tensor-core kernels: 128-bit stream loads of W feeding HMMA.
+check_mma = needs_ops("tensor-core", ("LDG.E.NA.128", "HMMA.16816.F32"))
+# Shared-memory tile kernels: cp.async copies (LDGSTS), ldmatrix (LDSM) into HMMA.
+check_tile = needs_ops("tile", ("LDGSTS", "LDSM", "HMMA.16816.F32"))
 
 
 def check_quant(name: str, body: str) -> str | None:
@@ -55,41 +68,22 @@ def main() -> int:
     funcs = re.split(r"\n\s*Function : ", sass)[1:]
     checked = bad = interleaved = 0
     seen = set()
-    read_only = {}  # tensor-core kernel -> its 128-bit read-only loads (x, and W when L1W)
-    l1w = []  # (kernel, the same kernel with L1W = false)
     for f in funcs:
         name = f.split("\n", 1)[0].strip()
-        m, t = ROW.search(name), TRN.search(name)
-        mma = MMA.search(name)
-        if mma and name not in seen:
-            # Tensor-core kernels: 128-bit loads of W (streamed unless L1W) feeding HMMA.
-            seen.add(name)
-            checked += 1
-            read_only[name] = f.count("LDG.E.128.CONSTANT")
-            if mma.group(7) == "1":  # checked below against its streaming twin
-                l1w.append((name, name[: mma.start(7)] + "0" + name[mma.end(7):]))
-            w_load = "LDG.E.128.CONSTANT" if mma.group(7) == "1" else "LDG.E.NA.128"
-            if w_load not in f or "HMMA.16816.F32" not in f:
-                print(f"tensor-core kernel without {w_load} loads or HMMA.16816: {name}")
-                bad += 1
+        if name in seen:
             continue
-        if TILE.search(name) and name not in seen:
-            # Shared-memory tile kernels: cp.async copies (LDGSTS), ldmatrix (LDSM) into HMMA.
+        check = next((c for rx, c in ((MMA, check_mma), (TILE, check_tile), (QNT, check_quant))
+                      if rx.search(name)), None)
+        if check:
             seen.add(name)
             checked += 1
-            if any(op not in f for op in ("LDGSTS", "LDSM", "HMMA.16816.F32")):
-                print(f"tile kernel without LDGSTS, LDSM or HMMA.16816: {name}")
-                bad += 1
-            continue
-        if QNT.search(name) and name not in seen:
-            seen.add(name)
-            checked += 1
-            problem = check_quant(name, f)
+            problem = check(name, f)
             if problem:
                 print(problem)
                 bad += 1
             continue
-        if not (m or t) or name in seen:
+        m, t = ROW.search(name), TRN.search(name)
+        if not (m or t):
             continue
         seen.add(name)
         want = int(m.group(5)) * int(m.group(4)) if m else int(t.group(4))
@@ -112,12 +106,6 @@ def main() -> int:
                 print(f"pipelined kernel issues only {n} of {want} loads before the first FMA: {name}")
             else:
                 interleaved += 1
-    # x is loaded read-only in both; W adds read-only loads only where L1W took effect.
-    for name, twin in l1w:
-        if twin in read_only and read_only[name] <= read_only[twin]:
-            print(f"L1W kernel loads W no differently from its streaming twin ({read_only[name]} "
-                  f"read-only 128-bit loads, twin {read_only[twin]}): {name}")
-            bad += 1
     print(f"sass check: {checked - bad} passed, {bad} failed ({checked} vector kernels; "
           f"{interleaved} unpipelined kernels interleave loads with math)")
     return 1 if bad or not checked else 0

@@ -27,8 +27,6 @@
 //              UNROLL = stages (STAGES - 1 in flight), NV = 16.
 //   TransposedTile: the same for layout T (kernels/gemv_tile_t.cuh): P1 = 16-byte column chunks
 //              per block, P2 = 8-row groups of W per stage, UNROLL = stages, NV = 16.
-//   RowMajorMmaPipelinedL1, TransposedMmaL1: RowMajorMmaPipelined / TransposedMma with W loaded
-//              with L1 allocation (ld.global.nc) instead of L1::no_allocate.
 //   Quant      (layout N, weight-only quantised W: int8, or int4 packed two per byte along K;
 //              tensor-core mma.m16n8k16 with fp32 accumulation): P1 = lanes that walk a row, four
 //              per warp (P1 / 4 warps split K for the same 16 rows), P2 = 16-row tiles per warp,
@@ -93,19 +91,17 @@
   X(52, TransposedMma, 256, 16, 1, 4, 16)     \
   X(53, TransposedMma, 256, 32, 2, 2, 16)     \
   X(54, TransposedMma, 128, 8, 1, 4, 16)      \
-  X(55, TransposedMma, 256, 8, 2, 2, 16)     \
   X(57, RowMajorMmaPipelined, 128, 4, 1, 2, 16) \
   X(58, RowMajorMmaPipelined, 128, 4, 1, 4, 16) \
   X(61, RowMajorMmaPipelined, 256, 16, 1, 2, 16) \
   X(65, TransposedMmaPipelined, 256, 32, 2, 1, 16) \
-  X(69, RowMajorMmaPipelinedL1, 128, 4, 1, 4, 16) \
-  X(70, RowMajorMmaPipelinedL1, 128, 4, 1, 2, 16) \
-  X(71, TransposedMmaL1, 256, 8, 2, 2, 16) \
   X(72, RowMajorTile, 128, 64, 16, 4, 16) \
   X(73, RowMajorTile, 256, 128, 16, 3, 16) \
   X(74, RowMajorTile, 128, 64, 32, 3, 16) \
   X(75, TransposedTile, 128, 16, 8, 4, 16) \
   X(76, TransposedTile, 128, 32, 8, 3, 16) \
+  X(77, TransposedTile, 128, 16, 4, 6, 16) \
+  X(78, TransposedTile, 256, 32, 4, 6, 16) \
   X(100, Quant, 128, 4, 1, 2, 8)              \
   X(101, Quant, 128, 4, 1, 4, 8)              \
   X(102, Quant, 128, 4, 2, 2, 8)              \

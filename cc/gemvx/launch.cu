@@ -92,17 +92,16 @@ bool smem_ok(K kernel, int bytes, std::atomic<int8_t> (&state)[64]) {
 }
 
 // KIND: 0 = CUDA cores, 1 = CUDA cores with software-pipelined loads, 2 = tensor cores (gemv_mma)
-// for 16-bit types on the 16-byte body, 3 = the same with software-pipelined loads, 4 = 3 with W
-// loaded with L1 allocation (kernels::load_w16); fp32 and the scalar variant of a tensor-core
-// config run the CUDA-core kernel with the same rows, lanes and splits (one 16-byte load per row
-// in flight).
+// for 16-bit types on the 16-byte body, 3 = the same with software-pipelined loads; fp32 and the
+// scalar variant of a tensor-core config run the CUDA-core kernel with the same rows, lanes and
+// splits (one 16-byte load per row in flight).
 template <int KIND, int THREADS, int TPR, int R, int U, int NV>
 struct RowMajorFamily {
   static constexpr bool kMma = KIND >= 2;
   static_assert(!kMma || (TPR % 4 == 0 && THREADS % (8 * TPR) == 0 && NV == 16),
                 "tensor-core configs: P1 = 4 x warps along K, whole warps along M, 16 vectors");
   static constexpr bool kTrans = false;
-  static constexpr bool kPipelined = KIND == 1 || KIND >= 3;
+  static constexpr bool kPipelined = KIND == 1 || KIND == 3;
   static constexpr bool kTensorCores = kMma;
   static constexpr int kThreads = THREADS, kNV = NV;
   // K is cut into 16-byte chunks (elements in the scalar variant).
@@ -113,8 +112,7 @@ struct RowMajorFamily {
   template <typename T, bool VEC>
   static void launch(dim3 grid, cudaStream_t s, const Args& a) {
     if constexpr (kMma && VEC && sizeof(T) == 2)
-      launch_kernel(kernels::gemv_mma<T, THREADS, TPR, R, U, KIND >= 3, KIND == 4>, grid, THREADS,
-                    s, a);
+      launch_kernel(kernels::gemv_mma<T, THREADS, TPR, R, U, KIND == 3>, grid, THREADS, s, a);
     else
       launch_kernel(kernels::gemv_rowmajor<T, THREADS, TPR, R, kMma ? 1 : U, NV, KIND == 1, VEC>,
                     grid, THREADS, s, a);
@@ -128,14 +126,12 @@ template <int THREADS, int TPR, int R, int U, int NV>
 using RowMajorMma = RowMajorFamily<2, THREADS, TPR, R, U, NV>;
 template <int THREADS, int TPR, int R, int U, int NV>
 using RowMajorMmaPipelined = RowMajorFamily<3, THREADS, TPR, R, U, NV>;
-template <int THREADS, int TPR, int R, int U, int NV>
-using RowMajorMmaPipelinedL1 = RowMajorFamily<4, THREADS, TPR, R, U, NV>;
 
 // MMA = false: CUDA cores, P2 = 1. MMA = true: tensor cores (gemv_mma_t) for 16-bit types on the
-// 16-byte body, P2 = 32-column tiles per warp, PIPE: software-pipelined W loads, L1W: W loaded
-// with L1 allocation (kernels::load_w16); fp32 and the scalar variant run the CUDA-core kernel
-// with the same threads, columns per block and splits (so the grid is the same either way).
-template <bool MMA, bool PIPE, int THREADS, int CB, int P2, int U, int NV, bool L1W = false>
+// 16-byte body, P2 = 32-column tiles per warp, PIPE: software-pipelined W loads; fp32 and the
+// scalar variant run the CUDA-core kernel with the same threads, columns per block and splits
+// (so the grid is the same either way).
+template <bool MMA, bool PIPE, int THREADS, int CB, int P2, int U, int NV>
 struct TransposedFamily {
   static_assert(MMA || (P2 == 1 && !PIPE), "Transposed configs take P2 = 1");
   static_assert(!MMA || (NV == 16 && CB % (4 * P2) == 0 && (THREADS / 32) % (CB / (4 * P2)) == 0),
@@ -157,7 +153,7 @@ struct TransposedFamily {
   template <typename T, bool VEC>
   static void launch(dim3 grid, cudaStream_t s, const Args& a) {
     if constexpr (MMA && VEC && sizeof(T) == 2)
-      launch_kernel(kernels::gemv_mma_t<T, THREADS, CB, P2, U, PIPE, L1W>, grid, THREADS, s, a);
+      launch_kernel(kernels::gemv_mma_t<T, THREADS, CB, P2, U, PIPE>, grid, THREADS, s, a);
     else
       launch_kernel(kernels::gemv_transposed<T, THREADS, CB, U, NV, VEC>, grid, THREADS, s, a);
   }
@@ -168,8 +164,6 @@ template <int THREADS, int CB, int P2, int U, int NV>
 using TransposedMma = TransposedFamily<true, false, THREADS, CB, P2, U, NV>;
 template <int THREADS, int CB, int P2, int U, int NV>
 using TransposedMmaPipelined = TransposedFamily<true, true, THREADS, CB, P2, U, NV>;
-template <int THREADS, int CB, int P2, int U, int NV>
-using TransposedMmaL1 = TransposedFamily<true, false, THREADS, CB, P2, U, NV, true>;
 
 // Layout N, 16 vectors on tensor cores through shared memory (kernels/gemv_tile.cuh): P1 = BM rows
 // per block, P2 = BKC 16-byte chunks of K per stage, U = STAGES. fp32, the scalar variant and GPUs

@@ -94,17 +94,6 @@ template <typename T>
 __device__ __forceinline__ T load_stream(const T* p) {
   return __ldg(p);
 }
-// W in the multi-vector kernels: streamed, or (L1) through the read-only path with L1 allocation.
-// Their tile order reads 64 bytes of each of 8 rows per warp load; with L1 allocation some
-// configs run up to 4% faster at batches 4 and 16 (H200, benchmarks/NOTES.md), so the config
-// list holds both.
-template <bool L1>
-__device__ __forceinline__ uint4 load_w16(const uint4* p) {
-  if constexpr (L1)
-    return __ldg(p);
-  else
-    return load_stream(p);
-}
 
 // x is small and reused by every row: keep it cached.
 __device__ __forceinline__ uint4 load_keep(const uint4* p) { return __ldg(p); }

@@ -58,7 +58,7 @@ __device__ __forceinline__ void mma_chunk(float (&acc)[TILES][4], const uint4 (&
   }
 }
 
-template <typename T, int THREADS, int TPR, int TILES, int U, bool PIPE, bool L1W>
+template <typename T, int THREADS, int TPR, int TILES, int U, bool PIPE>
 __global__ void __launch_bounds__(THREADS) gemv_mma(const Args a) {
   constexpr int NV = 16;
   constexpr int VW = 8;
@@ -112,7 +112,7 @@ __global__ void __launch_bounds__(THREADS) gemv_mma(const Args a) {
 #pragma unroll
     for (int u = 0; u < U; ++u)
 #pragma unroll
-      for (int j = 0; j < TILES; ++j) s.w[u][j] = load_w16<L1W>(wrow[j] + b + u * TPR + t);
+      for (int j = 0; j < TILES; ++j) s.w[u][j] = load_stream(wrow[j] + b + u * TPR + t);
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       s.xa[u] = has_a ? load_keep(xa_p + b + u * TPR + t) : zero;
@@ -165,7 +165,7 @@ __global__ void __launch_bounds__(THREADS) gemv_mma(const Args a) {
     const bool in = c < c_end;
     uint4 w[TILES];
 #pragma unroll
-    for (int j = 0; j < TILES; ++j) w[j] = in ? load_w16<L1W>(wrow[j] + c) : zero;
+    for (int j = 0; j < TILES; ++j) w[j] = in ? load_stream(wrow[j] + c) : zero;
     const uint4 xa = in && has_a ? load_keep(xa_p + c) : zero;
     const uint4 xb = in && has_b ? load_keep(xb_p + c) : zero;
     mma_chunk<T, TILES>(acc, w, xa, xb);

@@ -80,7 +80,7 @@ __device__ __forceinline__ void mma_group(float (&acc)[TILES][4][4], const uint4
   }
 }
 
-template <typename T, int THREADS, int CB, int TILES, int U, bool PIPE, bool L1W>
+template <typename T, int THREADS, int CB, int TILES, int U, bool PIPE>
 __global__ void __launch_bounds__(THREADS) gemv_mma_t(const Args a) {
   constexpr int NV = 16;
   constexpr int WARPS = THREADS / 32;
@@ -144,7 +144,7 @@ __global__ void __launch_bounds__(THREADS) gemv_mma_t(const Args a) {
           for (int h = 0; h < 2; ++h) {
             const T* p = p0 + u * ld_step + h * ld2 + 32 * c;
             if constexpr (FAST)
-              w[u][c][h] = load_w16<L1W>(reinterpret_cast<const uint4*>(p));
+              w[u][c][h] = load_stream(reinterpret_cast<const uint4*>(p));
             else
               w[u][c][h] = left[c] > 0 ? load_w(p, left[c]) : zero4;
           }
