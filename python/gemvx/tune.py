@@ -43,6 +43,7 @@ import os
 import statistics
 import sys
 import time
+import zlib
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
@@ -100,6 +101,13 @@ def quant_format(dtype: str) -> tuple[int, int | None] | None:
     if m is None:
         return None
     return int(m.group(1)), None if m.group(3) is None else int(m.group(3))
+
+
+def _dtype_code(dtype: str) -> int:
+    """A small number per dtype key (for seeds): the core's dtype code, or one per weight format."""
+    if dtype in DTYPE_CODES:
+        return DTYPE_CODES[dtype]
+    return 16 + zlib.crc32(dtype.encode()) % 4096
 
 
 def x_dtype(dtype: str) -> str:
@@ -419,7 +427,7 @@ def _tune_points(cp: Any, props: dict, points: list[Point], cands: list[list],
             # Seeded per point, batch included: the batches of one shape share W, and an x drawn
             # from W's seed would repeat W's first rows (y[v] = |W_v|^2 overflows float16 at
             # K = 65536, and every candidate would fail its check).
-            rs = cp.random.RandomState(DTYPE_CODES[p.dtype] * 1000003 + p.M * 7919 + p.K
+            rs = cp.random.RandomState(_dtype_code(p.dtype) * 1000003 + p.M * 7919 + p.K
                                        + 104729 * p.batch)
             if w_key != (p.dtype, p.layout, p.M, p.K) or len(Ws) < pl.reps:
                 Ws = None
