@@ -83,36 +83,8 @@ def format_name(fmt: tuple[int, int | None, bool]) -> str:
 
 
 def random_quantized(cp: Any, fmt: tuple[int, int | None, bool], M: int, K: int, seed: int) -> Any:
-    """A QuantizedWeight of CuPy arrays: random codes over the whole range, float16 scales in
-    [0.01, 0.1], zero points 0..15."""
-    import gemvx
-
-    bits, g, asym = fmt
-    rs = cp.random.RandomState(seed)
-    if bits == 8:
-        packed = rs.randint(-128, 128, (M, K), dtype=cp.int8)
-    else:
-        packed = rs.randint(0, 256, (M, (K + 1) // 2), dtype=cp.uint8)
-    sshape = (M,) if g is None else (M, math.ceil(K / g))
-    scales = rs.uniform(0.01, 0.1, sshape).astype(cp.float16)
-    zeros = rs.randint(0, 16, sshape, dtype=cp.uint8) if asym else None
-    return gemvx.QuantizedWeight(packed, scales, zeros, bits=bits, group_size=g, K=K)
-
-
-def quant_reference(cp: Any, q: Any, x: Any) -> Any:
-    """float64 deq(W) @ x on the GPU, in row chunks of <= 256 MiB of float64."""
-    import gemvx
-
-    M, K = q.shape
-    step = max(1, (256 << 20) // (8 * max(K, 1)))
-    x64 = x.astype(cp.float64)
-    ref = cp.empty(x.shape[:-1] + (M,), cp.float64)
-    for r0 in range(0, M, step):
-        part = gemvx.QuantizedWeight(q.packed[r0:r0 + step], q.scales[r0:r0 + step],
-                                     None if q.zeros is None else q.zeros[r0:r0 + step],
-                                     bits=q.bits, group_size=q.group_size, K=K)
-        ref[..., r0:r0 + step] = x64 @ gemvx.dequantize(part, cp.float64).T
-    return ref
+    """A QuantizedWeight of CuPy arrays for format ``fmt`` (see gemvx._measure.random_quantized)."""
+    return _me().random_quantized(cp, cp.random.RandomState(seed), *fmt, M, K)
 
 
 def copies_for(bytes_one: int, l2: int, free: int) -> int:
@@ -211,7 +183,7 @@ def bench_shape(ctx: dict, M: int, K: int) -> dict:
         qs = [random_quantized(cp, fmt, M, K, args.seed + 31 * i + 1) for i in range(n)]
         xs = [_me().from_f32(cp, rs.standard_normal(xshape, dtype=cp.float32), xd) for _ in range(n)]
         ys = [cp.empty(yshape, xd) for _ in range(n)]
-        ref = quant_reference(cp, qs[0], xs[0])
+        ref = _me().quant_reference(cp, qs[0], xs[0])
         key = qs[0].check().table_key(args.x_dtype)
         cfg = _pick(key, B, M, K)
         time_rows(name, call_bytes, n, lambda i: gemvx.cupy_gemv(qs[i % n], xs[i % n], out=ys[i % n]),
@@ -263,7 +235,7 @@ def bench_configs(ctx: dict, M: int, K: int) -> list[dict]:
         qs = [q0] + [random_quantized(cp, fmt, M, K, args.seed + 31 * i + 1) for i in range(1, n)]
         xs = [_me().from_f32(cp, rs.standard_normal(xshape, dtype=cp.float32), xd) for _ in range(n)]
         ys = [cp.empty(xshape[:-1] + (M,), xd) for _ in range(n)]
-        ref = quant_reference(cp, qs[0], xs[0])
+        ref = _me().quant_reference(cp, qs[0], xs[0])
         reps = args.reps or reps_for(n, call_bytes, args.quick)
         key = q0.check().table_key(args.x_dtype)
         row = {"dtype": key, "layout": "N", "nvec": B, "M": M, "K": K, "configs": {}}

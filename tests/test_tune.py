@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from gemvx import _table, tune
-from gemvx._core import compiled_configs, config_by_id, gpu_count
+from gemvx._core import DTYPE_CODES, compiled_configs, config_by_id, gpu_count
 import simgpu
 
 CONFIGS = list(compiled_configs())
@@ -171,6 +171,46 @@ def test_candidates(layout: str, batch: int) -> None:
             assert most < 128
 
 
+def test_quant_grid_and_candidates() -> None:
+    """--quant: table keys per weight format and x dtype (float32 dropped), layout N only, W
+    capped at its float16-equivalent size; candidates are Quant configs, 16-vector ones above
+    batch 8, splits as the launcher runs them."""
+    pts = tune.grid(["float32", "bfloat16", "float16"], ["T"], [1, 16], quick=True,
+                    quant=["int8c", "int4g128"])
+    assert {p.dtype for p in pts} == {"int8c-bfloat16", "int8c-float16", "int4g128-bfloat16",
+                                      "int4g128-float16"}
+    assert {p.layout for p in pts} == {"N"}
+    dense = tune.grid(["float16"], ["N"], [1, 16], quick=True)
+    assert {p[2:] for p in pts} == {p[2:] for p in dense}  # the float16 grid's shapes
+    by_id = config_by_id()
+    quant_ids = {c["id"] for c in CONFIGS if c.get("quant")}
+    for batch in (1, 4, 8, 9, 16):
+        for M, K in [(256, 256), (4096, 4096), (256, 65536), (1000, 4097)]:
+            for key in ("int8c-float16", "int4g128-bfloat16", "int4c-float16"):
+                p = tune.Point(key, "N", batch, M, K)
+                cand = tune.candidates(p)
+                ids = {cid for cid, _ in cand}
+                assert ids and ids <= quant_ids and len(cand) == len(set(cand))
+                assert all((by_id[c]["max_vectors"] > 8) == (batch > 8) for c in ids)
+                assert {cid for cid, _ in tune.candidates(p, all_configs=True)} == quant_ids
+                prob = tune._problem(p)
+                assert prob.wbits == int(key[3]) and prob.dtype == DTYPE_CODES[tune.x_dtype(key)]
+                for cid, s in cand:
+                    assert tune.effective_splits(prob, cid, s) == s
+            if K == 65536 and batch == 1:  # long rows split
+                assert max(s for _, s in tune.candidates(tune.Point("int4c-float16", "N", 1, M, K))) > 1
+
+
+def test_quant_call_bytes() -> None:
+    """Packed codes (int4: two per byte, an odd K padded), float16 scales, x and y."""
+    assert tune.quant_format("int4g128-float16") == (4, 128)
+    assert tune.quant_format("int8c-bfloat16") == (8, None)
+    assert tune.quant_format("float16") is None
+    assert tune.call_bytes(tune.Point("int4g128-float16", "N", 2, 4, 301)) == 4 * (151 + 2 * 3) + 2 * 305 * 2
+    assert tune.call_bytes(tune.Point("int8c-bfloat16", "N", 1, 6, 40)) == 6 * (40 + 2) + 46 * 2
+    assert tune.call_bytes(tune.Point("float32", "N", 1, 6, 40)) == (240 + 46) * 4
+
+
 def test_default_grid_fits_the_time_budget() -> None:
     """A full tune of the default grid on an H200 must take about 6 minutes at most (by the
     cost model, whose constants a GPU run can check: it prints real time beside the estimate)."""
@@ -265,11 +305,15 @@ def test_parse_args() -> None:
                          "--shapes", "4096x4096,256x65536", "--merge", "--out", "x"])
     assert (a.dtypes, a.layouts, a.batches) == (["bfloat16"], ["T"], [16, 1])
     assert a.shapes == [(4096, 4096), (256, 65536)] and a.merge and a.out == "x"
+    assert a.quant is None
+    assert tune.parse_args(["--quant", "int8c, int4g128,int8c"]).quant == ["int8c", "int4g128"]
 
 
 @pytest.mark.parametrize("argv", [["--dtypes", "float64"], ["--layouts", "X"], ["--batches", "0"],
                                   ["--batches", "a"], ["--shapes", "4096"], ["--shapes", "0x5"],
-                                  ["--replays", "0"], ["--max-w-mib", "-1"], ["--time-limit", "0"]])
+                                  ["--replays", "0"], ["--max-w-mib", "-1"], ["--time-limit", "0"],
+                                  ["--quant", "int4"], ["--quant", "int4g100"], ["--quant", "int2c"],
+                                  ["--quant", "int8c", "--dtypes", "float32"]])
 def test_parse_args_rejects(argv: list[str], capsys: pytest.CaptureFixture) -> None:
     with pytest.raises(SystemExit) as info:
         tune.parse_args(argv)
@@ -405,3 +449,33 @@ def test_tune_small_grid(dirs: tuple[Path, Path], tmp_path: Path, capsys: pytest
     assert tune.main(argv[:6] + ["--shapes", "4096x4096", "--merge", "--time-limit", "1e-9"]) == 1
     data = json.loads(path.read_text())
     assert len(data["entries"]) == 8 and data["runs"][-1]["points_tuned"] == 0
+
+
+@pytest.mark.gpu
+def test_tune_quant_small_grid(dirs: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """A real tune of quantised points (odd K with a partial group and a padded nibble, a
+    16-vector batch): every Quant candidate passes its check against the dequantised product,
+    and gemvx then runs the tuned choices for those keys."""
+    from gemvx._core import device_properties
+
+    user, _ = dirs
+    raw = tmp_path / "raw.json"
+    argv = ["--quant", "int8c,int4g128", "--dtypes", "bfloat16", "--batches", "1,16",
+            "--shapes", "77x1031,2048x4096", "--raw", str(raw)]
+    assert tune.main(argv) == 0, capsys.readouterr()
+    props = device_properties(0)
+    arch = f"sm_{props['major']}{props['minor']}"
+    path = user / _table.table_filename(arch, props["name"])
+    entries = json.loads(path.read_text())["entries"]
+    assert {e["dtype"] for e in entries} == {"int8c-bfloat16", "int4g128-bfloat16"}
+    assert len(entries) == 8 and {e["layout"] for e in entries} == {"N"}
+    records = json.loads(raw.read_text())["points"]
+    for rec in records:
+        bad = [r for r in rec["results"] if r["status"] != "ok"]
+        assert rec["results"] and not bad, (rec["dtype"], rec["batch"], rec["M"], rec["K"], bad)
+        assert all(config_by_id()[r["config"]]["quant"] for r in rec["results"])
+        _table.table_for.cache_clear()
+        _table._select_cached.cache_clear()
+        best = rec["best"]
+        assert _table.select(arch, props["name"], props["sm_count"], rec["dtype"], "N", rec["batch"],
+                             rec["M"], rec["K"]) == (best["config"], best["splits"])

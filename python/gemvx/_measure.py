@@ -63,6 +63,39 @@ def random_normal(cp: Any, rs: Any, shape: tuple[int, ...], dt: np.dtype) -> Any
     return from_f32(cp, rs.standard_normal(shape, dtype=cp.float32), dt)
 
 
+def random_quantized(cp: Any, rs: Any, bits: int, group_size: int | None, asym: bool, M: int,
+                     K: int) -> Any:
+    """A QuantizedWeight of CuPy arrays from RandomState ``rs``: codes random over their whole
+    range, float16 scales in [0.01, 0.1], zero points 0..15 (``asym``, int4 only)."""
+    from .quant import QuantizedWeight
+
+    if bits == 8:
+        packed = rs.randint(-128, 128, (M, K), dtype=cp.int8)
+    else:
+        packed = rs.randint(0, 256, (M, (K + 1) // 2), dtype=cp.uint8)
+    sshape = (M,) if group_size is None else (M, math.ceil(K / group_size))
+    scales = rs.uniform(0.01, 0.1, sshape).astype(cp.float16)
+    zeros = rs.randint(0, 16, sshape, dtype=cp.uint8) if asym else None
+    return QuantizedWeight(packed, scales, zeros, bits=bits, group_size=group_size, K=K)
+
+
+def quant_reference(cp: Any, q: Any, x: Any, chunk_bytes: int = 256 << 20) -> Any:
+    """float64 ``dequantize(q) @ x`` on the GPU, in row chunks of at most ``chunk_bytes`` of
+    float64 (q a QuantizedWeight of one (M, K) matrix)."""
+    from .quant import QuantizedWeight, dequantize
+
+    M, K = q.shape
+    step = max(1, chunk_bytes // (8 * max(K, 1)))
+    x64 = as_f64(cp, x)
+    ref = cp.empty(x.shape[:-1] + (M,), cp.float64)
+    for r0 in range(0, M, step):
+        part = QuantizedWeight(q.packed[r0:r0 + step], q.scales[r0:r0 + step],
+                               None if q.zeros is None else q.zeros[r0:r0 + step],
+                               bits=q.bits, group_size=q.group_size, K=K)
+        ref[..., r0:r0 + step] = x64 @ dequantize(part, cp.float64).T
+    return ref
+
+
 def reference(cp: Any, W: Any, x: Any, transpose: bool, chunk_bytes: int = 256 << 20) -> Any:
     """float64 ``op(W) @ x`` for x of shape (K,) or (batch, K), computed on the GPU in chunks of
     W of at most ``chunk_bytes`` of float64. W is (M, K), or stored (K, M) with ``transpose``."""

@@ -23,6 +23,14 @@ workspace and no second kernel for eager callers).
 The default grid: float32, float16, bfloat16 x layouts N, T x batches 1, 4, 16 x M, K in powers
 of two 256 .. 131072 with W at most 1 GiB, plus the shapes of DESIGN.md section 6. ``--dry-run``
 prints the grid, the number of timings and the time they should take, with no GPU.
+
+Weight-only quantised calls (``--quant int8c,int4g128,...``: int8 / int4, ``c`` for one scale
+per row or ``g<size>`` for groups) are tuned instead of the dense grid: each format with each x
+dtype of ``--dtypes`` (float16, bfloat16) becomes a table key such as ``int4g128-float16``; the
+candidates are the Quant configs (the 16-vector ones for batches above 8, the others below),
+layout N, on symmetric random codes (zero points use the same entries), checked against the
+float64 product with the dequantised W. The grid caps W at ``--max-w-mib`` of float16-equivalent
+size.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ import os
 import statistics
 import sys
 import time
+import zlib
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
@@ -52,6 +61,7 @@ DESIGN_SHAPES = ((1024, 1024), (2048, 2048), (4096, 4096), (8192, 8192), (28672,
                  (128256, 4096), (256, 65536), (65536, 256), (1000, 4096))
 MAX_W_BYTES = 1 << 30          # grid points with a larger W are served by the nearest smaller one
 SPLITS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+QUANT_X_DTYPES = ("float16", "bfloat16")  # x dtypes of the quantised kernels
 TIE = 0.01                     # within 1% of the fastest, fewer splits win
 
 # Timing plan (see the module docstring).
@@ -80,29 +90,64 @@ class Point(NamedTuple):
 
 
 def itemsize(dtype: str) -> int:
+    """Bytes per element of x and y (of W too, for a dense dtype)."""
     return 4 if dtype == "float32" else 2
 
 
+def quant_format(dtype: str) -> tuple[int, int | None] | None:
+    """(bits, group size or None) of a quantised table key such as ``int4g128-float16``; None
+    for a dense dtype."""
+    m = _table.QUANT_KEY.match(dtype)
+    if m is None:
+        return None
+    return int(m.group(1)), None if m.group(3) is None else int(m.group(3))
+
+
+def _dtype_code(dtype: str) -> int:
+    """A small number per dtype key (for seeds): the core's dtype code, or one per weight format."""
+    if dtype in DTYPE_CODES:
+        return DTYPE_CODES[dtype]
+    return 16 + zlib.crc32(dtype.encode()) % 4096
+
+
+def x_dtype(dtype: str) -> str:
+    """The dtype of x and y for a point's dtype key."""
+    return dtype.rsplit("-", 1)[-1]
+
+
 def call_bytes(p: Point) -> int:
-    """Bytes one call moves: W, x and y."""
-    return (p.M * p.K + p.batch * (p.M + p.K)) * itemsize(p.dtype)
+    """Bytes one call moves: W (quantised: packed codes and float16 scales), x and y."""
+    xy = p.batch * (p.M + p.K) * itemsize(x_dtype(p.dtype))
+    q = quant_format(p.dtype)
+    if q is None:
+        return p.M * p.K * itemsize(p.dtype) + xy
+    bits, g = q
+    row = p.K if bits == 8 else (p.K + 1) // 2
+    return p.M * (row + 2 * (1 if g is None else math.ceil(p.K / g))) + xy
 
 
 # ---- the grid ----------------------------------------------------------------------------------
 
 def grid(dtypes=DTYPES, layouts=LAYOUTS, batches=BATCHES, *, quick: bool = False,
-         shapes: list[tuple[int, int]] | None = None, max_w_bytes: int = MAX_W_BYTES) -> list[Point]:
+         shapes: list[tuple[int, int]] | None = None, max_w_bytes: int = MAX_W_BYTES,
+         quant: list[str] | None = None) -> list[Point]:
     """The points to tune, ordered so that points sharing a W are adjacent (batches innermost).
 
     ``shapes`` replaces the grid of (M, K) (no size cap); else powers of two (``quick``: of four)
-    with W <= ``max_w_bytes``, plus DESIGN_SHAPES."""
+    with W <= ``max_w_bytes``, plus DESIGN_SHAPES. ``quant`` (weight formats such as ``int4g128``)
+    replaces the dense dtypes by the keys ``{format}-{x dtype}`` for the float16 / bfloat16 of
+    ``dtypes``, layout N only, W capped at its float16-equivalent size."""
+    if quant is not None:
+        dtypes = [f"{f}-{d}" for f in quant for d in dtypes if d in QUANT_X_DTYPES]
+        layouts = ["N"]
     out = []
     for dtype in dtypes:
         if shapes is not None:
             mk = sorted(set(shapes))
         else:
             sizes = QUICK_SIZES if quick else GRID_SIZES
-            mk = {(M, K) for M in sizes for K in sizes if M * K * itemsize(dtype) <= max_w_bytes}
+            mk = {(M, K) for M in sizes for K in sizes
+                  if M * K * itemsize(x_dtype(dtype)) <= max_w_bytes}
             mk = sorted(mk | set(DESIGN_SHAPES))
         for layout in layouts:
             for M, K in mk:
@@ -111,9 +156,12 @@ def grid(dtypes=DTYPES, layouts=LAYOUTS, batches=BATCHES, *, quick: bool = False
 
 
 def _problem(p: Point) -> Any:
-    """The core's Problem for a point (sizes only: enough for split planning)."""
+    """The core's Problem for a point (sizes and weight format: enough for split planning)."""
     prob = _ext.Problem()
-    prob.dtype = DTYPE_CODES[p.dtype]
+    prob.dtype = DTYPE_CODES[x_dtype(p.dtype)]
+    q = quant_format(p.dtype)
+    if q is not None:
+        prob.wbits, prob.group_size = q[0], q[1] or 0
     prob.trans = p.layout == "T"
     prob.M, prob.K, prob.groups, prob.nvec = p.M, p.K, 1, p.batch
     prob.ldw = p.M if p.layout == "T" else p.K
@@ -124,11 +172,14 @@ def _problem(p: Point) -> Any:
 
 def candidates(p: Point, *, all_configs: bool = False) -> list[tuple[int, int]]:
     """(config id, splits) pairs to time for a point, splits as the launcher will use them."""
-    # Dense points only: the Quant family needs quantised W (its entries have their own keys).
-    cfgs = [c for c in compiled_configs() if c["layout"] == p.layout and not c.get("quant")]
+    quant = quant_format(p.dtype) is not None
+    cfgs = [c for c in compiled_configs()
+            if c["layout"] == p.layout and bool(c.get("quant")) == quant]
     if not all_configs:
-        want_multi = p.batch > 1
-        sel = [c for c in cfgs if (int(c.get("max_vectors", 1)) > 1) == want_multi]
+        if quant:  # every Quant config takes several vectors: the 16-vector ones above 8
+            sel = [c for c in cfgs if (int(c["max_vectors"]) > 8) == (p.batch > 8)]
+        else:
+            sel = [c for c in cfgs if (int(c.get("max_vectors", 1)) > 1) == (p.batch > 1)]
         cfgs = sel or cfgs
     prob = _problem(p)
     out = []
@@ -372,18 +423,16 @@ def _tune_points(cp: Any, props: dict, points: list[Point], cands: list[list],
                 progress.write(f"time limit reached: {len(points) - len(records)} points not tuned")
                 break
             pl = timing_plan(p, props["l2_bytes"])
-            dt = me.np_dtype(p.dtype)
+            dt = me.np_dtype(x_dtype(p.dtype))
             # Seeded per point, batch included: the batches of one shape share W, and an x drawn
             # from W's seed would repeat W's first rows (y[v] = |W_v|^2 overflows float16 at
             # K = 65536, and every candidate would fail its check).
-            rs = cp.random.RandomState(DTYPE_CODES[p.dtype] * 1000003 + p.M * 7919 + p.K
+            rs = cp.random.RandomState(_dtype_code(p.dtype) * 1000003 + p.M * 7919 + p.K
                                        + 104729 * p.batch)
-            if w_key != (p.dtype, p.layout, p.M, p.K) or Ws.shape[0] < pl.reps:
+            if w_key != (p.dtype, p.layout, p.M, p.K) or len(Ws) < pl.reps:
                 Ws = None
                 cp.get_default_memory_pool().free_all_blocks()
-                Ws = cp.empty((pl.reps,) + ((p.K, p.M) if p.layout == "T" else (p.M, p.K)), dtype=dt)
-                Ws[0] = me.random_normal(cp, rs, Ws.shape[1:], dt)
-                Ws[1:] = Ws[0]  # the content of the other copies does not matter, only their place
+                Ws = _weight_copies(cp, me, rs, p, pl.reps, dt)
                 w_key = (p.dtype, p.layout, p.M, p.K)
             xshape = (p.K,) if p.batch == 1 else (p.batch, p.K)
             xs = me.random_normal(cp, rs, (pl.reps,) + xshape, dt)
@@ -397,6 +446,27 @@ def _tune_points(cp: Any, props: dict, points: list[Point], cands: list[list],
     return records
 
 
+def _weight_copies(cp: Any, me: Any, rs: Any, p: Point, reps: int, dt: Any) -> Any:
+    """``reps`` copies of a random W for a point, indexable by copy: a (reps, ...) array, or a
+    list of QuantizedWeight views of stacked arrays (symmetric codes) for a quantised key. Only
+    the first copy's content matters (the check reads it); the others give each call its own
+    place in memory."""
+    q = quant_format(p.dtype)
+    if q is None:
+        Ws = cp.empty((reps,) + ((p.K, p.M) if p.layout == "T" else (p.M, p.K)), dtype=dt)
+        Ws[0] = me.random_normal(cp, rs, Ws.shape[1:], dt)
+        Ws[1:] = Ws[0]
+        return Ws
+    from .quant import QuantizedWeight
+
+    q0 = me.random_quantized(cp, rs, q[0], q[1], False, p.M, p.K)
+    packed = cp.empty((reps,) + q0.packed.shape, q0.packed.dtype)
+    scales = cp.empty((reps,) + q0.scales.shape, q0.scales.dtype)
+    packed[:], scales[:] = q0.packed, q0.scales
+    return [QuantizedWeight(packed[i], scales[i], bits=q0.bits, group_size=q0.group_size, K=p.K)
+            for i in range(reps)]
+
+
 def _tune_point(cp: Any, timer: _Timer, p: Point, pl: Plan, cand: list[tuple[int, int]], Ws: Any,
                 xs: Any, ys: Any, replays: int, progress: Progress) -> dict:
     import gemvx
@@ -404,8 +474,11 @@ def _tune_point(cp: Any, timer: _Timer, p: Point, pl: Plan, cand: list[tuple[int
     from . import _measure as me
 
     tr = p.layout == "T"
-    ref = me.reference(cp, Ws[0], xs[0], tr)
-    tol = me.tolerance(p.dtype, p.K)
+    if quant_format(p.dtype) is None:
+        ref = me.reference(cp, Ws[0], xs[0], tr)
+    else:
+        ref = me.quant_reference(cp, Ws[0], xs[0])
+    tol = me.tolerance(x_dtype(p.dtype), p.K)
     tag = f"{p.dtype} {p.layout} batch {p.batch} {p.M}x{p.K}"
     results = []
     for cid, splits in cand:
@@ -473,6 +546,18 @@ def csv_list(kind: str, valid: tuple, conv: Callable[[str], Any] = str) -> Calla
     return parse
 
 
+def parse_quant(s: str) -> list[str]:
+    """``"int8c,int4g128"`` -> weight formats (int8 / int4; ``c`` per channel, ``g<size>`` with a
+    power-of-two group size >= 32), duplicates dropped."""
+    out = [v.strip() for v in s.split(",") if v.strip()]
+    bad = [v for v in out if not _table.is_quant_key(f"{v}-float16")]
+    if bad or not out:
+        raise argparse.ArgumentTypeError(
+            f"bad weight format(s) {bad or s!r}: expected int8c, int4c, or int8g<size> / "
+            "int4g<size> with a power-of-two size >= 32, e.g. int4g128")
+    return list(dict.fromkeys(out))
+
+
 def parse_shapes(s: str) -> list[tuple[int, int]]:
     """``"4096x4096,256x65536"`` -> [(4096, 4096), (256, 65536)]."""
     out = []
@@ -508,6 +593,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="N (W is M x K) and/or T (W stored K x M); default N,T")
     ap.add_argument("--batches", type=csv_list("batch", tuple(range(1, 65)), int), default=list(BATCHES),
                     help="vectors per call, comma list (default 1,4,16)")
+    ap.add_argument("--quant", type=parse_quant, default=None, metavar="FORMATS",
+                    help="tune weight-only quantised calls of these formats (comma list such as "
+                         "int8c,int4g128; layout N, x float16/bfloat16 of --dtypes) instead of "
+                         "the dense grid")
     ap.add_argument("--shapes", type=parse_shapes, default=None,
                     help="tune only these MxK shapes (no size cap) instead of the grid")
     ap.add_argument("--max-w-mib", type=float, default=MAX_W_BYTES / 2**20,
@@ -537,6 +626,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error("--max-w-mib must be > 0")
     if a.time_limit is not None and a.time_limit <= 0:
         ap.error("--time-limit must be > 0")
+    if a.quant is not None and not set(a.dtypes) & set(QUANT_X_DTYPES):
+        ap.error(f"--quant needs an x dtype of {', '.join(QUANT_X_DTYPES)} in --dtypes")
     return a
 
 
@@ -563,7 +654,7 @@ def main(argv: list[str] | None = None) -> int:
     arch = f"sm_{props['major']}{props['minor']}"
     device = None if args.arch_wide else props["name"]
     points = grid(args.dtypes, args.layouts, args.batches, quick=args.quick, shapes=args.shapes,
-                  max_w_bytes=int(args.max_w_mib * 2**20))
+                  max_w_bytes=int(args.max_w_mib * 2**20), quant=args.quant)
     cands, befores = [], []
     for p in points:
         c = candidates(p, all_configs=args.all_configs)
@@ -625,7 +716,7 @@ def main(argv: list[str] | None = None) -> int:
         "seconds": round(elapsed, 1),
         "grid": {"dtypes": args.dtypes, "layouts": args.layouts, "batches": args.batches,
                  "quick": args.quick, "shapes": args.shapes, "max_w_mib": args.max_w_mib,
-                 "all_configs": args.all_configs},
+                 "all_configs": args.all_configs, "quant": args.quant},
     }
     if args.raw:
         Path(args.raw).write_text(json.dumps({"run": run, "points": records}, indent=1) + "\n")
