@@ -411,24 +411,30 @@ def test_tune_end_to_end_on_a_simulated_gpu(dirs: tuple[Path, Path], monkeypatch
 
 # ---- on the GPU ------------------------------------------------------------------------------
 
+def _tune_on_gpu(user: Path, tmp_path: Path, capsys: pytest.CaptureFixture, argv: list[str]
+                 ) -> tuple[dict, str, Path, list[dict], list[dict]]:
+    """Run the tuner on this GPU into the user table directory ``user``: (device properties,
+    arch, table path, the table's entries, the raw records of every timing)."""
+    from gemvx._core import device_properties
+
+    raw = tmp_path / "raw.json"
+    assert tune.main(argv + ["--raw", str(raw)]) == 0, capsys.readouterr()
+    props = device_properties(0)
+    arch = f"sm_{props['major']}{props['minor']}"
+    path = user / _table.table_filename(arch, props["name"])
+    return (props, arch, path, json.loads(path.read_text())["entries"],
+            json.loads(raw.read_text())["points"])
+
+
 @pytest.mark.gpu
 def test_tune_small_grid(dirs: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """A real tune of a few points (a flushed small shape with odd sizes, a rotated large one):
     every candidate passes its check, the table lands where gemvx looks and gemvx then runs
     the tuned choices."""
-    from gemvx._core import device_properties
-
-    user, _ = dirs
-    raw = tmp_path / "raw.json"
     argv = ["--dtypes", "float16", "--layouts", "N,T", "--batches", "1,4",
-            "--shapes", "257x1031,8192x8192", "--raw", str(raw)]
-    assert tune.main(argv) == 0, capsys.readouterr()
-    props = device_properties(0)
-    arch = f"sm_{props['major']}{props['minor']}"
-    path = user / _table.table_filename(arch, props["name"])
-    entries = json.loads(path.read_text())["entries"]
+            "--shapes", "257x1031,8192x8192"]
+    props, arch, path, entries, records = _tune_on_gpu(dirs[0], tmp_path, capsys, argv)
     assert len(entries) == 8
-    records = json.loads(raw.read_text())["points"]
     assert {r["flush"] for r in records} == {True, False}
     for rec in records:
         bad = [r for r in rec["results"] if r["status"] != "ok"]
@@ -456,20 +462,11 @@ def test_tune_quant_small_grid(dirs: tuple[Path, Path], tmp_path: Path, capsys: 
     """A real tune of quantised points (odd K with a partial group and a padded nibble, a
     16-vector batch): every Quant candidate passes its check against the dequantised product,
     and gemvx then runs the tuned choices for those keys."""
-    from gemvx._core import device_properties
-
-    user, _ = dirs
-    raw = tmp_path / "raw.json"
     argv = ["--quant", "int8c,int4g128", "--dtypes", "bfloat16", "--batches", "1,16",
-            "--shapes", "77x1031,2048x4096", "--raw", str(raw)]
-    assert tune.main(argv) == 0, capsys.readouterr()
-    props = device_properties(0)
-    arch = f"sm_{props['major']}{props['minor']}"
-    path = user / _table.table_filename(arch, props["name"])
-    entries = json.loads(path.read_text())["entries"]
+            "--shapes", "77x1031,2048x4096"]
+    props, arch, _, entries, records = _tune_on_gpu(dirs[0], tmp_path, capsys, argv)
     assert {e["dtype"] for e in entries} == {"int8c-bfloat16", "int4g128-bfloat16"}
     assert len(entries) == 8 and {e["layout"] for e in entries} == {"N"}
-    records = json.loads(raw.read_text())["points"]
     for rec in records:
         bad = [r for r in rec["results"] if r["status"] != "ok"]
         assert rec["results"] and not bad, (rec["dtype"], rec["batch"], rec["M"], rec["K"], bad)
