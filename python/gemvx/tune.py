@@ -714,7 +714,8 @@ def main(argv: list[str] | None = None) -> int:
         "cuda_runtime": _build_info().get("cuda_runtime"),
         "points": len(points), "points_tuned": len(records), "timings": n_timings,
         "seconds": round(elapsed, 1),
-        "grid": {"dtypes": args.dtypes, "layouts": args.layouts, "batches": args.batches,
+        "grid": {"dtypes": args.dtypes, "layouts": sorted({p.layout for p in points}),
+                 "batches": args.batches,
                  "quick": args.quick, "shapes": args.shapes, "max_w_mib": args.max_w_mib,
                  "all_configs": args.all_configs, "quant": args.quant},
     }
