@@ -4,6 +4,7 @@
     python benchmarks/bench_quant.py [--quick] [--shapes 4096x4096,...] [--formats int8c,int4g128]
                                      [--x-dtype float16] [--batch 1] [--json out.json]
     python benchmarks/bench_quant.py --configs --json sweep.json   # every Quant config x splits
+                                     [--config-ids 104,111-117]    # only these configs
 
 For each shape M x K, side by side in one run:
   * ``gemvx fp16``: the dense gemvx GEMV (``cupy_gemv``, table config) on an fp16 W;
@@ -224,7 +225,8 @@ def bench_configs(ctx: dict, M: int, K: int) -> list[dict]:
     B = args.batch
     l2 = ctx["device"]["l2_bytes"]
     xshape = (K,) if B == 1 else (B, K)
-    cfgs = [c for c in gemvx.configs() if c["quant"] and (B > 8) == (c["max_vectors"] > 8)]
+    cfgs = [c for c in gemvx.configs() if c["quant"] and (B > 8) == (c["max_vectors"] > 8)
+            and (args.config_ids is None or c["id"] in args.config_ids)]
     out = []
     for fmt in ctx["formats"]:
         rs = cp.random.RandomState(args.seed)
@@ -264,6 +266,15 @@ def bench_configs(ctx: dict, M: int, K: int) -> list[dict]:
             a.clear()
         del ref
         _free_pools()
+    return out
+
+
+def _parse_ids(text: str) -> set[int]:
+    """'104,111-113' -> {104, 111, 112, 113}."""
+    out: set[int] = set()
+    for part in text.split(","):
+        lo, _, hi = part.strip().partition("-")
+        out.update(range(int(lo), int(hi or lo) + 1))
     return out
 
 
@@ -337,6 +348,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--x-dtype", default="float16", choices=sorted(TOL), help="x and y dtype")
     p.add_argument("--batch", type=int, default=1, help="vectors per call (W read once for them)")
     p.add_argument("--configs", action="store_true", help="time every Quant config x splits (sweep records)")
+    p.add_argument("--config-ids", type=_parse_ids, default=None,
+                   help="--configs: only these config ids (comma list, ranges as 111-117)")
     p.add_argument("--json", metavar="PATH", help="write the numbers as JSON (--configs: sweep records)")
     p.add_argument("--reps", type=int, default=None)
     p.add_argument("--replays", type=int, default=None)

@@ -728,3 +728,14 @@ def test_quant_section_targets_and_peers(tmp_path: Path) -> None:
     assert {c["target"].split(" ")[0]: c["status"] for c in report.check_quant(slow)}["int4"] == "FAIL"
     text = report.render(*report.load([_dump(tmp_path / "d.json", dense)]), quant=(qmetas, results))
     assert "Weight-only quantised GEMV" in text and "int4g128" in text
+
+
+def test_bench_quant_config_ids() -> None:
+    """``--configs --config-ids`` narrows the config sweep to the listed ids and ranges."""
+    import bench_quant
+
+    assert bench_quant.parse_args([]).config_ids is None
+    a = bench_quant.parse_args(["--configs", "--config-ids", "104, 108-110,101"])
+    assert a.configs and a.config_ids == {101, 104, 108, 109, 110}
+    with pytest.raises(SystemExit):
+        bench_quant.parse_args(["--config-ids", "10x"])

@@ -151,13 +151,15 @@ def _padded(cp: Any, a: np.ndarray, aligned: bool) -> Any:
 
 
 # Groups shorter than the 4 chunks a quad feeds into one mma (int4 g < 128, int8 g < 64) scale
-# each weight before the mma; longer groups and per-channel scales scale the mma's tile after it.
-GROUP_BY_KIND = {(4, "pre"): 64, (4, "post"): 128, (8, "pre"): 32, (8, "post"): None}
+# each weight before the mma; longer groups scale the mma's tile after it; per-channel scales
+# ("row") scale the row's sum once at the end.
+GROUP_BY_KIND = {(4, "pre"): 64, (4, "post"): 128, (4, "row"): None,
+                 (8, "pre"): 32, (8, "post"): 64, (8, "row"): None}
 
 
 @GPU
 @pytest.mark.parametrize("cfg_id,bits,x_dtype,splits,aligned,scaling", cases(
-    [c["id"] for c in QUANT_CONFIGS], (4, 8), QUANT_X_DTYPES, (1, 3), (True, False), ("pre", "post")))
+    [c["id"] for c in QUANT_CONFIGS], (4, 8), QUANT_X_DTYPES, (1, 3), (True, False), ("pre", "post", "row")))
 def test_every_config(cp: Any, rng: np.random.Generator, cfg_id: int, bits: int, x_dtype: str,
                       splits: int, aligned: bool, scaling: str) -> None:
     cfg = next(c for c in QUANT_CONFIGS if c["id"] == cfg_id)
