@@ -56,6 +56,15 @@ _RESIDENT_THREADS = 2048
 QUANT_KEY = re.compile(r"^int(4|8)(c|g(\d+))-(float16|bfloat16)$")
 
 
+def quant_key_format(dtype: str) -> tuple[int, int | None] | None:
+    """(bits, group size or None for per channel) of a quantised table key such as
+    ``int4g128-float16``; None for any other key."""
+    m = QUANT_KEY.match(dtype) if isinstance(dtype, str) else None
+    if m is None:
+        return None
+    return int(m.group(1)), None if m.group(3) is None else int(m.group(3))
+
+
 def is_quant_key(dtype: str) -> bool:
     m = QUANT_KEY.match(dtype) if isinstance(dtype, str) else None
     return m is not None and (m.group(3) is None or _is_pow2_group(int(m.group(3))))
@@ -288,12 +297,11 @@ def fallback_quant_rules(dtype: str, batch: int, M: int, K: int, sm_count: int) 
     SM run (six of 110's two-warp blocks), as far as every split keeps one full unrolled step per
     lane.
     """
-    m = QUANT_KEY.match(dtype)
-    if m is None:
+    fmt = quant_key_format(dtype)
+    if fmt is None:
         raise ValueError(f"gemvx: {dtype!r} is not a quantised dtype key")
-    bits = int(m.group(1))
+    bits, group = fmt
     per_chunk = 32 if bits == 4 else 16  # K values per 16-byte chunk of packed W
-    group = None if m.group(3) is None else int(m.group(3))
     cfgs = config_by_id()
     tiles = math.ceil(M / 16)
     if batch > 8:

@@ -97,10 +97,7 @@ def itemsize(dtype: str) -> int:
 def quant_format(dtype: str) -> tuple[int, int | None] | None:
     """(bits, group size or None) of a quantised table key such as ``int4g128-float16``; None
     for a dense dtype."""
-    m = _table.QUANT_KEY.match(dtype)
-    if m is None:
-        return None
-    return int(m.group(1)), None if m.group(3) is None else int(m.group(3))
+    return _table.quant_key_format(dtype)
 
 
 def _dtype_code(dtype: str) -> int:
