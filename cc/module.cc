@@ -136,6 +136,13 @@ NB_MODULE(_ext, m) {
         nb::arg("splits"));
   m.def("effective_splits", &gemvx::effective_splits, nb::arg("problem"), nb::arg("config"),
         nb::arg("splits"));
+  m.def(
+      "uses_tma",
+      [](const Problem& plan, uintptr_t W, uintptr_t scales, uintptr_t x, int config, int splits) {
+        return gemvx::uses_tma(with_quant_operands(plan, W, scales, 0, x, 0, 0, 1.0f, 0.0f), config, splits);
+      },
+      nb::arg("plan"), nb::arg("W"), nb::arg("scales"), nb::arg("x"), nb::arg("config"), nb::arg("splits"),
+      "Whether launching this quantised plan with a QuantTma config runs the TMA kernel (for tests).");
   m.def("status_message", [](int code) { return std::string(gemvx::status_message(gemvx::Code(code))); });
   m.def("cuda_error_string", [](int err) {
     return std::string(cudaGetErrorName(cudaError_t(err))) + ": " +

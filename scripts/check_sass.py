@@ -2,7 +2,8 @@
 loads (LDG.E.NA.128) (tensor-core kernels: feeding HMMA.16816; the shared-memory tile kernels
 must copy with cp.async (LDGSTS) and read fragments with LDSM), and every
 software-pipelined kernel must issue all UNROLL x R loads of a step before its first FMA
-(quantised kernels: all loads of a step before the first HMMA). For the other kernels ptxas
+(quantised kernels: all loads of a step before the first HMMA; the TMA kernel: tensor-map copies
+and 128-bit shared-memory loads into HMMA). For the other kernels ptxas
 decides the order; a small source change once flipped it into interleaving loads with math (8-15%
 slower on large shapes, no other symptom), so their count is printed for comparison between
 builds. Runs with the GPU tests.
@@ -26,6 +27,8 @@ MMA = re.compile(r"gemv_mma(_t)?I(\w+?)Li(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELb[01]E")
 TILE = re.compile(r"gemv_tile(_t)?I(\w+?)Li(\d+)ELi(\d+)ELi(\d+)ELi(\d+)E")
 # gemv_quant<T, BITS, THREADS, P1, R, U, NV, VEC=true>
 QNT = re.compile(r"gemv_quantI(\w+?)Li(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELb1E")
+# gemv_quant_tma<T, THREADS, SK, S>: W through shared memory by TMA (sm_90 only)
+QTMA = re.compile(r"gemv_quant_tmaI(\w+?)Li(\d+)ELi(\d+)ELi(\d+)E")
 
 
 def needs_ops(kind: str, ops: tuple[str, ...]):
@@ -41,6 +44,8 @@ def needs_ops(kind: str, ops: tuple[str, ...]):
 check_mma = needs_ops("tensor-core", ("LDG.E.NA.128", "HMMA.16816.F32"))
 # Shared-memory tile kernels: cp.async copies (LDGSTS), ldmatrix (LDSM) into HMMA.
 check_tile = needs_ops("tile", ("LDGSTS", "LDSM", "HMMA.16816.F32"))
+# TMA kernels: tensor-map copies (UTMALDG) read back with 128-bit shared loads (LDS.128) into HMMA.
+check_quant_tma = needs_ops("TMA", ("UTMALDG", "LDS.128", "HMMA.16816.F32"))
 
 
 def check_quant(name: str, body: str) -> str | None:
@@ -72,7 +77,8 @@ def main() -> int:
         name = f.split("\n", 1)[0].strip()
         if name in seen:
             continue
-        check = next((c for rx, c in ((MMA, check_mma), (TILE, check_tile), (QNT, check_quant))
+        check = next((c for rx, c in ((MMA, check_mma), (TILE, check_tile), (QNT, check_quant),
+                                                (QTMA, check_quant_tma))
                       if rx.search(name)), None)
         if check:
             seen.add(name)

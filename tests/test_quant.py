@@ -61,11 +61,16 @@ def group_scales(q: Any) -> np.ndarray:
 def test_quant_configs_listed() -> None:
     assert QUANT_CONFIGS, "no Quant configs compiled"
     for c in QUANT_CONFIGS:
-        assert c["family"] == "Quant" and c["layout"] == "N", c
-        assert c["p1"] % 4 == 0 and c["max_vectors"] in (8, 16), c
-        assert (c["threads"] // 32) % (c["p1"] // 4) == 0, c
+        assert c["family"] in ("Quant", "QuantTma") and c["layout"] == "N", c
+        if c["family"] == "Quant":
+            assert c["p1"] % 4 == 0 and c["max_vectors"] in (8, 16), c
+            assert (c["threads"] // 32) % (c["p1"] // 4) == 0, c
+        else:  # a producer warp and consumer warps; P1 = bytes of a row per stage, P2 = stages
+            assert c["threads"] % 32 == 0 and c["threads"] >= 64 and c["max_vectors"] == 8, c
+            assert c["p1"] % 256 == 0 and c["p2"] >= 2 and c["unroll"] == 1, c
     assert {c["max_vectors"] for c in QUANT_CONFIGS} == {8, 16}
-    assert all(not c["quant"] and c["family"] != "Quant" for c in gemvx.configs() if c["id"] < 100)
+    assert {c["family"] for c in QUANT_CONFIGS} == {"Quant", "QuantTma"}
+    assert all(not c["quant"] and not c["family"].startswith("Quant") for c in gemvx.configs() if c["id"] < 100)
 
 
 # ---- packing ----------------------------------------------------------------------------------------

@@ -35,6 +35,10 @@
 //              vectors per pass over W (one mma n-tile per 8). Compiled for int4 and int8 W with
 //              float16 and bfloat16 x (scale dtype and zero points are run-time arguments). Quant
 //              ids start at 100 so the dense families can keep appending below them.
+//   QuantTma   (layout N, int8 W with one scale per row, Hopper: kernels/gemv_quant_tma.cuh): W
+//              streamed into shared memory by TMA, a producer warp and THREADS / 32 - 1 consumer
+//              warps; P1 = bytes of each row per stage, P2 = stages per consumer warp, UNROLL = 1,
+//              NV = 8. Persistent grid. Other quantised calls run Quant config 103's kernel.
 // UNROLL = independent 16-byte loads per thread in flight (per row); NV = vectors handled per
 // block (1 = plain GEMV; >1 = multi-vector: W is read once for up to NV vectors).
 // Every config is compiled for float32, float16 and bfloat16 (Quant: see above), with a
@@ -112,4 +116,8 @@
   X(107, Quant, 128, 4, 1, 1, 8)              \
   X(108, Quant, 128, 16, 1, 1, 8)             \
   X(109, Quant, 256, 8, 1, 2, 8)              \
-  X(110, Quant, 64, 4, 1, 2, 8)
+  X(110, Quant, 64, 4, 1, 2, 8)               \
+  X(111, QuantTma, 160, 512, 2, 1, 8)         \
+  X(112, QuantTma, 160, 512, 4, 1, 8)         \
+  X(113, QuantTma, 288, 512, 2, 1, 8)         \
+  X(114, QuantTma, 96, 1024, 4, 1, 8)

@@ -13,6 +13,7 @@
 #include "kernels/gemv_mma.cuh"
 #include "kernels/gemv_mma_t.cuh"
 #include "kernels/gemv_quant.cuh"
+#include "kernels/gemv_quant_tma.cuh"
 #include "kernels/gemv_rowmajor.cuh"
 #include "kernels/gemv_tile.cuh"
 #include "kernels/gemv_tile_t.cuh"
@@ -272,10 +273,151 @@ struct Quant {
   }
 };
 
+// The tensor-map encoder of the driver (cuTensorMapEncodeTiled), found once through the runtime
+// so the library does not link the driver; null where the driver has none.
+using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+EncodeTiled encode_tiled() {
+  static const EncodeTiled fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &found) !=
+            cudaSuccess ||
+        found != cudaDriverEntryPointSuccess)
+      f = nullptr;
+    cudaGetLastError();
+    return reinterpret_cast<EncodeTiled>(f);
+  }();
+  return fn;
+}
+
+// Per device: compute capability 9.0 or newer, the SM count and the most dynamic shared memory a
+// block may have (0 when unknown).
+struct DeviceInfo {
+  bool hopper = false;
+  int sms = 0, smem_optin = 0;
+};
+const DeviceInfo& device_info() {
+  static DeviceInfo info[64];
+  static std::atomic<int8_t> known[64] = {};
+  static const DeviceInfo none{};
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return none;
+  if (known[dev].load(std::memory_order_acquire) == 0) {
+    DeviceInfo d;
+    int major = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+        cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
+        cudaDeviceGetAttribute(&d.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) == cudaSuccess)
+      d.hopper = major >= 9;
+    info[dev] = d;  // every thread writes the same values
+    known[dev].store(1, std::memory_order_release);
+  }
+  return info[dev];
+}
+
+// Layout N, int8 W with one scale per row streamed through shared memory by TMA (Hopper; kernels/
+// gemv_quant_tma.cuh): THREADS = 32 x (consumer warps + 1), P1 = SK bytes of each row per stage,
+// P2 = S stages per warp, NV = 8. Persistent: about as many blocks as fit on the GPU at once, each
+// warp taking 16-row tiles in turn. Every other call (int4, groups, unaligned operands, K not a
+// multiple of 8, older GPUs, too little shared memory) runs gemv_quant with config 103's shape,
+// whose 16-row blocks and split spans match this family's.
+template <int THREADS, int SK, int S, int U, int NV>
+struct QuantTma {
+  static_assert(NV == 8 && U == 1 && SK % 256 == 0, "QuantTma configs: 8 vectors, UNROLL 1, SK a multiple of 256");
+  using Fallback = Quant<128, 16, 1, 2, 8>;
+  static constexpr int kStaticRoom = 1024;  // kept for the kernel's static shared memory (barriers)
+  static_assert(Fallback::kRows == 16, "the fallback has this family's 16-row blocks");
+  static constexpr bool kTrans = false;
+  static constexpr bool kPipelined = true;
+  static constexpr bool kTensorCores = true;
+  static constexpr int kThreads = THREADS, kNV = NV;
+  static int64_t k_units(const Problem& p, int vw) { return Fallback::k_units(p, vw); }
+  // A split is whole stages (SK / 16 chunks of 16 bytes: whole quads of the fallback too).
+  static int64_t min_units_per_split() { return SK / 16; }
+  static int64_t round_span(int64_t s) { return (s + SK / 16 - 1) / (SK / 16) * (SK / 16); }
+  static int64_t grid_x(const Problem& p, int) { return (p.M + 15) / 16; }
+
+  template <typename T, int BITS, bool VEC>
+  static void launch(dim3 grid, cudaStream_t s, const kernels::QuantArgs& q) {
+    if constexpr (BITS == 8 && VEC) {
+      if (launch_tma<T>(grid, s, q)) return;
+    }
+    Fallback::template launch<T, BITS, VEC>(grid, s, q);
+  }
+
+  // The TMA launch of a call (kernel argument, dynamic shared memory, blocks along x), or false
+  // where the TMA kernel cannot take it.
+  template <typename T>
+  static bool plan(dim3 grid, const kernels::QuantArgs& q, kernels::QuantTmaArgs* t, std::size_t* smem,
+                   unsigned* gx) {
+    constexpr int CW = THREADS / 32 - 1;
+    const Args& a = q.a;
+    const DeviceInfo& dev = device_info();
+    const EncodeTiled encode = encode_tiled();
+    if (q.group_shift < kPerRowShift || !dev.hopper || encode == nullptr || a.K % 8 != 0) return false;
+    if ((a.nvec > 1 && a.x_vec % 8 != 0) || (a.groups > 1 && a.x_group % 8 != 0)) return false;
+    const int64_t ldw = a.M > 1 ? a.ldw : (a.K + 15) / 16 * 16;
+    const int64_t w_group = a.groups > 1 ? a.w_group : ldw * a.M;
+    if (ldw % 16 != 0 || w_group % 16 != 0) return false;
+    // x of the longest split (the last one also takes the partial chunk at the end of K), in
+    // whole stages.
+    const int64_t last = a.K - int64_t(grid.y - 1) * a.split_span * 16;
+    const int64_t x_elems = (std::max(a.split_span * 16, last) + SK - 1) / SK * SK;
+    const int room = dev.smem_optin - kStaticRoom;
+    if (x_elems > (int64_t(1) << 20) || room <= 0) return false;
+    const int nv = int(std::min<int64_t>(a.nvec, NV));
+    *smem = kernels::quant_tma_smem<T, CW, SK, S>(nv, int(x_elems));
+    if (*smem > std::size_t(room)) return false;
+    auto kernel = kernels::gemv_quant_tma<T, THREADS, SK, S>;
+    static std::atomic<int8_t> state[64] = {};
+    if (!smem_ok(kernel, room, state)) return false;
+    int per_sm = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, THREADS, *smem) != cudaSuccess ||
+        per_sm < 1) {
+      cudaGetLastError();
+      return false;
+    }
+    *t = kernels::QuantTmaArgs{};
+    t->q = q;
+    t->x_elems = int32_t(x_elems);
+    const cuuint64_t dims[3] = {cuuint64_t(a.K / 8), cuuint64_t(a.M), cuuint64_t(a.groups)};
+    const cuuint64_t strides[2] = {cuuint64_t(ldw), cuuint64_t(w_group)};
+    const cuuint32_t box[3] = {SK / 8, 16, 1}, step[3] = {1, 1, 1};
+    if (encode(&t->map, CU_TENSOR_MAP_DATA_TYPE_UINT64, 3, const_cast<void*>(a.W), dims, strides, box, step,
+               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+      return false;
+    // As many blocks as run at once over the (split, group, vector-chunk) slices, and no more
+    // than give every consumer warp a tile.
+    const int64_t slices = int64_t(grid.y) * grid.z;
+    const int64_t resident = (int64_t(dev.sms) * per_sm + slices - 1) / slices;
+    *gx = unsigned(std::max<int64_t>(1, std::min<int64_t>((int64_t(grid.x) + CW - 1) / CW, resident)));
+    return true;
+  }
+
+  template <typename T>
+  static bool launch_tma(dim3 grid, cudaStream_t s, const kernels::QuantArgs& q) {
+    kernels::QuantTmaArgs t;
+    std::size_t smem = 0;
+    unsigned gx = 0;
+    if (!plan<T>(grid, q, &t, &smem, &gx)) return false;
+    launch_kernel(kernels::gemv_quant_tma<T, THREADS, SK, S>, dim3(gx, grid.y, grid.z), THREADS, s, t, smem);
+    return true;
+  }
+};
+
 template <typename Fam>
 struct IsQuant : std::false_type {};
 template <int THREADS, int P1, int R, int U, int NV>
 struct IsQuant<Quant<THREADS, P1, R, U, NV>> : std::true_type {};
+template <int THREADS, int SK, int S, int U, int NV>
+struct IsQuant<QuantTma<THREADS, SK, S, U, NV>> : std::true_type {};
+template <typename Fam>
+struct IsQuantTma : std::false_type {};
+template <int THREADS, int SK, int S, int U, int NV>
+struct IsQuantTma<QuantTma<THREADS, SK, S, U, NV>> : std::true_type {};
 
 #define GEMVX_INFO(id, fam, th, p1, p2, u, nv)                                            \
   ConfigInfo{id, fam<th, p1, p2, u, nv>::kTrans, fam<th, p1, p2, u, nv>::kPipelined,         \
@@ -415,12 +557,7 @@ bool quant_vector_ok(const Problem& p) {
          aligned16(p.x) && stride16(p.x_vec, p.nvec, xs) && stride16(p.x_group, p.groups, xs);
 }
 
-template <typename Fam, typename T, int BITS>
-Status run_quant_typed(const Problem& p, int requested_splits, void* ws, std::size_t ws_size,
-                       cudaStream_t stream) {
-  // The kernel addresses inside a row with 32-bit offsets (k, bytes and chunks of a row).
-  if (p.K > kMaxQuantK) return {Code::kUnsupported, 0};
-  const bool vec = quant_vector_ok(p);
+kernels::QuantArgs make_quant_args(const Problem& p) {
   kernels::QuantArgs q{};
   q.a = make_args(p);
   q.scales = p.scales;
@@ -433,6 +570,16 @@ Status run_quant_typed(const Problem& p, int requested_splits, void* ws, std::si
   while (p.group_size > 0 && (int64_t(1) << shift) < p.group_size) ++shift;
   q.group_shift = p.group_size > 0 ? shift : kPerRowShift;  // per channel: every k in group 0
   q.scale_dtype = int32_t(p.scale_dtype);
+  return q;
+}
+
+template <typename Fam, typename T, int BITS>
+Status run_quant_typed(const Problem& p, int requested_splits, void* ws, std::size_t ws_size,
+                       cudaStream_t stream) {
+  // The kernel addresses inside a row with 32-bit offsets (k, bytes and chunks of a row).
+  if (p.K > kMaxQuantK) return {Code::kUnsupported, 0};
+  const bool vec = quant_vector_ok(p);
+  kernels::QuantArgs q = make_quant_args(p);
   return run_grid<Fam, T>(p, vec, requested_splits, ws, ws_size, stream, q.a, [&](dim3 grid) {
     if (vec)
       Fam::template launch<T, BITS, true>(grid, stream, q);
@@ -473,6 +620,28 @@ Status run(const Problem& p, int splits, void* ws, std::size_t ws_size, cudaStre
     return run_dense<Fam>(p, splits, ws, ws_size, stream);
 }
 
+// Whether the launch of a QuantTma config would take the TMA kernel (its first grid slice).
+template <typename Fam>
+bool tma_for(const Problem& p, int splits) {
+  if constexpr (!IsQuantTma<Fam>::value) {
+    return false;
+  } else {
+    if (p.wbits != 8 || p.trans || !quant_vector_ok(p) || p.K == 0 || p.K > kMaxQuantK) return false;
+    kernels::QuantArgs q = make_quant_args(p);
+    int s = 1;
+    plan_splits<Fam>(p, true, splits, &q.a.split_span, &s);
+    q.a.splits = s;
+    q.a.vchunks = int32_t((p.nvec + Fam::kNV - 1) / Fam::kNV);
+    const int64_t z = std::min(kMaxGridZ, p.groups * q.a.vchunks);
+    const dim3 grid(unsigned(Fam::grid_x(p, 16)), unsigned(s), unsigned(z));
+    kernels::QuantTmaArgs t;
+    std::size_t smem = 0;
+    unsigned gx = 0;
+    return p.dtype == DType::kFloat16 ? Fam::template plan<__half>(grid, q, &t, &smem, &gx)
+                                      : Fam::template plan<__nv_bfloat16>(grid, q, &t, &smem, &gx);
+  }
+}
+
 template <typename Fam>
 int splits_for(const Problem& p, int splits) {
   int64_t span;
@@ -503,6 +672,19 @@ int effective_splits(const Problem& p, int config, int splits) {
     GEMVX_CONFIGS(GEMVX_CASE)
     default:
       return 1;
+  }
+#undef GEMVX_CASE
+}
+
+bool uses_tma(const Problem& p, int config, int splits) {
+  if (p.M <= 0 || p.K <= 0 || p.groups <= 0 || p.nvec <= 0 || p.W == nullptr) return false;
+#define GEMVX_CASE(id, fam, th, p1, p2, u, nv) \
+  case id:                                     \
+    return tma_for<fam<th, p1, p2, u, nv>>(p, splits);
+  switch (config) {
+    GEMVX_CONFIGS(GEMVX_CASE)
+    default:
+      return false;
   }
 #undef GEMVX_CASE
 }

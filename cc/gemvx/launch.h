@@ -31,6 +31,10 @@ const ConfigInfo* find_config(int id);
 // Splits the launcher will really use for this problem (<= requested; 1 means no split-K).
 int effective_splits(const Problem& p, int config, int splits);
 
+// Whether launching this quantised problem with a QuantTma config runs the TMA kernel
+// (kernels/gemv_quant_tma.cuh) on the current device, rather than its fallback. For tests.
+bool uses_tma(const Problem& p, int config, int splits);
+
 // Workspace bytes the launch needs (0 when it does not split K).
 std::size_t workspace_bytes(const Problem& p, int config, int splits);
 

@@ -1,0 +1,225 @@
+// Weight-only quantised GEMV for int8 W with one scale per row (layout N), Hopper (sm_90) only:
+// W streams through shared memory by the tensor memory accelerator (TMA), so the bytes in flight
+// cost no registers and every request covers whole 128-byte lines.
+//
+// A block is CW consumer warps and one producer warp. Each consumer warp owns 16-row tiles of W
+// (the A tile of mma.m16n8k16), taken in turn over the grid (tile = (n * gridDim.x * CW) + warp *
+// gridDim.x + blockIdx.x in round n, so the last round spreads over every block), and a ring of S
+// stages in shared memory; a stage is SK bytes of K of the tile's 16 rows, one 2D TMA box. One
+// thread of the producer warp fills every warp's ring, stage k of all warps before stage k + 1,
+// and waits on a stage's `empty` barrier before refilling it; a consumer waits on the stage's
+// `full` barrier (armed with the box's byte count), runs its mmas, and arrives on `empty`.
+// The block's x (its split of K, for up to 8 vectors) is copied into shared memory once at the
+// start and stays there; past K it is zero, as is W (the tensor map fills boxes past its bounds
+// with zeros), so the last partial stage adds nothing.
+//
+// The math is gemv_quant's with per-row scales (kernels/gemv_quant.cuh): each lane dequantises the
+// 16-byte chunk of rows g and g + 8 at k offset 16 t of each 64-byte quad step into exact integers
+// in x's dtype, B holds x in the same k order, the mmas accumulate in fp32, and the row's scale
+// multiplies the sum at the end. A lane's B column is vector g of the block's (vector 0 again where
+// g >= nv; those columns are not stored).
+//
+// Requirements, checked by the launcher (which otherwise runs gemv_quant): compute capability 9.0,
+// W and x 16-byte aligned, K a multiple of 8, W's row and matrix strides multiples of 16 bytes,
+// x's vector and group strides multiples of 8 elements, and the ring plus the block's x within
+// the shared memory of a block.
+#pragma once
+
+#include <cuda.h>
+
+#include "gemv_quant.cuh"
+
+namespace gemvx {
+namespace kernels {
+
+// The kernel's one argument: the tensor map over W (8-byte elements: dims K / 8, M, groups) and
+// the quantised arguments. The map must live in kernel parameter space (64-byte aligned).
+struct QuantTmaArgs {  // 64-byte aligned, as CUtensorMap is
+  CUtensorMap map;
+  QuantArgs q;
+  int32_t x_elems;  // elements of x per vector in shared memory: whole stages covering any split
+};
+
+// Dynamic shared memory of a launch: the rings and nv vectors of x_elems elements.
+template <typename T, int CW, int SK, int S>
+constexpr std::size_t quant_tma_smem(int nv, int x_elems) {
+  return std::size_t(CW) * S * 16 * SK + std::size_t(nv) * x_elems * sizeof(T);
+}
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+namespace tma {
+__device__ __forceinline__ uint32_t addr(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
+__device__ __forceinline__ void init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void expect(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n .reg .pred p;\n WAIT_%=:\n mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      " @!p bra WAIT_%=;\n}" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+// bytes (a multiple of 16) from global src (16-byte aligned) to shared dst, counted on bar.
+__device__ __forceinline__ void copy(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+      "l"(src), "r"(bytes), "r"(bar)
+      : "memory");
+}
+// The box at (c0, c1, c2) of the tensor map to shared dst, counted on bar.
+__device__ __forceinline__ void box(uint32_t dst, const CUtensorMap* map, int c0, int c1, int c2, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], "
+      "[%5];" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+      : "memory");
+}
+}  // namespace tma
+#endif
+
+template <typename T, int THREADS, int SK, int S>
+__global__ void __launch_bounds__(THREADS) gemv_quant_tma(const __grid_constant__ QuantTmaArgs p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr int CW = THREADS / 32 - 1;  // consumer warps; the last warp produces
+  constexpr int NV = 8;
+  constexpr int WSTAGE = 16 * SK;       // bytes of one stage: SK bytes of 16 rows
+  constexpr int ROUNDS = SK / 64;       // quad steps of 64 bytes per stage
+  static_assert(CW >= 1 && SK % 64 == 0 && SK <= 2048 && S >= 2, "SK: 64..2048 bytes, two stages or more");
+  using Q = QuantMath<T>;
+  extern __shared__ __align__(128) uint8_t quant_tma_ring[];
+  uint8_t* const smem = quant_tma_ring;
+  __shared__ __align__(8) uint64_t full[CW][S], empty[CW][S], x_ready;
+  const QuantArgs& q = p.q;
+  const Args& a = q.a;
+  const int lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
+  const int split = blockIdx.y;
+  const int64_t z = a.z_offset + blockIdx.z;
+  const int64_t g = z / a.vchunks;
+  const int64_t v0 = (z % a.vchunks) * NV;
+  const int nv = int(a.nvec - v0 < NV ? a.nvec - v0 : NV);
+  // This split's K (bytes of W = elements): [k0, k0 + klen), in stages of SK. Spans count whole
+  // 16-byte chunks, so the last split also takes the partial chunk at the end of K; spans are
+  // rounded up to whole stages, so the last splits may be empty (they store zero partial sums).
+  const int64_t k0 = int64_t(split) * a.split_span * 16;
+  const int64_t rest = a.K - k0;
+  const int klen = int(max(int64_t(0), split == a.splits - 1 ? rest : min(rest, a.split_span * 16)));
+  const int nst = (klen + SK - 1) / SK;
+  const int64_t tiles = (a.M + 15) / 16;
+  const int64_t per_round = int64_t(gridDim.x) * CW;
+  T* xs = reinterpret_cast<T*>(smem + std::size_t(CW) * S * WSTAGE);
+
+  if (threadIdx.x == 0) {
+    for (int w = 0; w < CW; ++w)
+      for (int s = 0; s < S; ++s) {
+        tma::init(tma::addr(&full[w][s]), 1);
+        tma::init(tma::addr(&empty[w][s]), 1);
+      }
+    tma::init(tma::addr(&x_ready), 1);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  // x past this split's K is zero (the copies below write only [0, klen)).
+  for (int i = threadIdx.x; i < nv * (p.x_elems - klen); i += THREADS) {
+    const int v = i / (p.x_elems - klen);
+    xs[v * p.x_elems + klen + i % (p.x_elems - klen)] = T(0.0f);
+  }
+  __syncthreads();
+  pdl_wait();
+
+  if (warp == CW) {
+    if (lane == 0) {
+      const T* X = static_cast<const T*>(a.x) + g * a.x_group + v0 * a.x_vec + k0;
+      const uint32_t xb = tma::addr(&x_ready);
+      tma::expect(xb, uint32_t(nv) * klen * sizeof(T));
+      for (int v = 0; v < nv; ++v)
+        for (int o = 0; o < klen; o += 16384)  // pieces of 32 KiB
+          tma::copy(tma::addr(xs + v * p.x_elems + o), X + v * a.x_vec + o,
+                    uint32_t(min(16384, klen - o) * sizeof(T)), xb);
+      const int c0 = int(k0 / 8);
+      int cnt = 0;  // stages issued per warp so far (the same for every warp with a tile)
+      for (int64_t n = 0;; ++n) {
+        const int64_t first = n * per_round + blockIdx.x;
+        if (first >= tiles) break;
+        for (int k = 0; k < nst; ++k, ++cnt) {
+          const int s = cnt % S;
+          for (int w = 0; w < CW; ++w) {
+            const int64_t tile = first + int64_t(w) * gridDim.x;
+            if (tile >= tiles) break;
+            if (cnt >= S) tma::wait(tma::addr(&empty[w][s]), ((cnt / S) - 1) & 1);
+            const uint32_t fb = tma::addr(&full[w][s]);
+            tma::expect(fb, WSTAGE);
+            tma::box(tma::addr(smem + (w * S + s) * WSTAGE), &p.map, c0 + k * (SK / 8), int(tile * 16),
+                     int(g), fb);
+          }
+        }
+      }
+    }
+    pdl_trigger();
+    return;
+  }
+
+  const int gq = lane / 4;  // rows g and g + 8 of the tile; B column g
+  const int t = lane % 4;   // the quad's chunk: bytes 16 t .. 16 t + 15 of each 64-byte step
+  const ScaleKind sk(q.scale_dtype);
+  const int s_shift = q.scale_dtype == int32_t(DType::kFloat32) ? 2 : 1;
+  const char* S0 = static_cast<const char*>(q.scales) + ((g * q.s_group) << s_shift);
+  const T* xv = xs + (gq < nv ? gq : 0) * p.x_elems;
+  tma::wait(tma::addr(&x_ready), 0);
+  int cnt = 0;
+  for (int64_t n = 0;; ++n) {
+    const int64_t tile = n * per_round + int64_t(warp) * gridDim.x + blockIdx.x;
+    if (tile >= tiles) break;
+    float acc[2][4] = {};
+    for (int k = 0; k < nst; ++k, ++cnt) {
+      const int s = cnt % S;
+      tma::wait(tma::addr(&full[warp][s]), (cnt / S) & 1);
+      const uint8_t* st = smem + (warp * S + s) * WSTAGE;
+#pragma unroll
+      for (int rd = 0; rd < ROUNDS; ++rd) {
+        const int kb = rd * 64 + t * 16;
+        const uint4 x0 = *reinterpret_cast<const uint4*>(xv + k * SK + kb);
+        const uint4 x1 = *reinterpret_cast<const uint4*>(xv + k * SK + kb + 8);
+        const uint32_t xw[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+        const uint4 w0 = *reinterpret_cast<const uint4*>(st + gq * SK + kb);
+        const uint4 w1 = *reinterpret_cast<const uint4*>(st + (gq + 8) * SK + kb);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {  // word i: k = 4i..4i+3 of the chunk; pairs (4i, 4i+1), (4i+2, 4i+3)
+          uint32_t lo[2], hi[2];
+          Q::int8x4(word_of(w0, i), lo);
+          Q::int8x4(word_of(w1, i), hi);
+          Q::mma(acc[i % 2], lo[0], hi[0], lo[1], hi[1], xw[2 * i], xw[2 * i + 1]);
+        }
+      }
+      __syncwarp();
+      if (lane == 0) tma::arrive(tma::addr(&empty[warp][s]));
+    }
+    // The rows' scales, loaded only now: loaded before the stages (when every SM's first TMA
+    // requests are queued) they cost 0.75 us at 8192 x 8192 on an H200 (benchmarks/NOTES.md).
+    int64_t row[2];
+    float scale[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      row[h] = tile * 16 + gq + 8 * h;
+      const int64_t r = row[h] < a.M ? row[h] : a.M - 1;
+      scale[h] = scale_at(S0 + ((r * q.lds) << s_shift), sk);
+    }
+    // C tile: [0..1] row g, columns 2t and 2t + 1; [2..3] the same for row g + 8.
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t m = row[j / 2];
+      const int v = 2 * t + (j % 2);
+      if (m < a.M && v < nv) store_output<T>(a, split, g, v0 + v, m, (acc[0][j] + acc[1][j]) * scale[j / 2]);
+    }
+  }
+  pdl_trigger();
+#endif
+}
+
+}  // namespace kernels
+}  // namespace gemvx
