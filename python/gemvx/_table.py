@@ -26,7 +26,7 @@ naming any other id, or a config of the wrong layout, is rejected at load with V
 
 Weight-only quantised calls are tabulated under a dtype key that names the weight format and x's
 dtype, ``int{bits}{g<group size>|c}-{x dtype}`` (e.g. ``"int4g128-float16"``, ``"int8c-bfloat16"``
-for per-channel scales), always layout N, and must name configs of the Quant family; dense keys
+for per-channel scales), always layout N, and must name configs of the Quant families (Quant, QuantTma); dense keys
 must name dense configs. A quantised call with no entry for its key gets
 :func:`fallback_quant_rules`.
 """
@@ -344,7 +344,7 @@ def _select_cached(arch, device_name, sm_count, dtype, layout, batch, M, K):
 
 def resolve_config(config: Any, layout: str, quant: bool = False) -> tuple[int, int]:
     """Validate an explicit ``config=`` (an id, or an (id, splits) pair) for a kernel layout;
-    ``quant``: the call has a quantised W (Quant family configs only)."""
+    ``quant``: the call has a quantised W (Quant and QuantTma configs only)."""
     compiled = config_by_id()
     valid = sorted(i for i, c in compiled.items()
                    if c["layout"] == layout and bool(c.get("quant")) == quant)
