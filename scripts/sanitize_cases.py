@@ -105,13 +105,18 @@ def main() -> int:
                     q = quantized(37, K, bits, 64, bits == 4, aligned)
                     x_h = rng.standard_normal((c["max_vectors"] + 2, K)).astype(np.float32).astype(xdt)
                     check(q, rows_view(x_h, aligned), config=(c["id"], splits))
-    # The TMA kernel (QuantTma configs; int8 per channel, K a multiple of 8): partial stages,
-    # one row, later rounds of the persistent loop, splits, batched W, vectors past one n-tile.
+    # The TMA kernel (QuantTma configs; rows of whole 8 bytes, per-row scales or groups of whole
+    # 64-byte rounds): partial stages, one row, later rounds of the persistent loop, splits, batched
+    # W, vectors past one n-tile; int4 with group scales and zero points.
     for c in (c for c in gemvx.configs() if c["family"] == "QuantTma"):
         for (M, K, splits, nv) in ((37, 1000, 1, 3), (300, 4104, 3, 11), (1, 2056, 1, 1), (50001, 264, 1, 2),
                                    (70, 14336, 13, 2)):  # the last splits empty (spans of whole stages)
             q = quantized(M, K, 8, None, False)
             check(q, rand((nv, K), np.dtype("bfloat16")), config=(c["id"], splits))
+        for (M, K, bits, g, splits, nv) in ((300, 8208, 4, 128, 3, 11), (70, 28672, 4, 256, 13, 2),
+                                            (37, 2000, 4, None, 1, 3), (45, 1000, 8, 64, 1, 2)):
+            q = quantized(M, K, bits, g, bits == 4)
+            check(q, rand((nv, K), cp.float16), config=(c["id"], splits))
         q3 = quantized(3 * 40, 1024, 8, None, False)
         q3 = gemvx.QuantizedWeight(q3.packed.reshape(3, 40, 1024), q3.scales.reshape(3, 40), None, bits=8,
                                    group_size=None, K=1024)

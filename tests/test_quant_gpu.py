@@ -183,9 +183,13 @@ def test_every_config(cp: Any, rng: np.random.Generator, cfg_id: int, bits: int,
     assert first.tobytes() == second.tobytes(), "not bitwise repeatable"
 
 
-# ---- the TMA kernel (QuantTma configs: int8, one scale per row, Hopper) ----------------------------
+# ---- the TMA kernel (QuantTma configs: int8 / int4, per row or groups of whole rounds, Hopper) ----
 
 TMA_CONFIGS = [c["id"] for c in QUANT_CONFIGS if c["family"] == "QuantTma"]
+# Per row, groups of one 64-byte round of a row (int8 g = 64, int4 g = 128) and longer, with and
+# without zero points (int4).
+TMA_FORMATS = [(8, None, False), (8, 64, False), (4, None, False), (4, None, True), (4, 128, False),
+               (4, 256, True)]
 
 
 def _hopper(cp: Any) -> bool:
@@ -203,19 +207,33 @@ def _tma_used(cp: Any, q_d: Any, x_d: Any, cfg_id: int, splits: int) -> bool:
     return _ext.uses_tma(pq.prep.problem, w_ptr, pq.scale_ptr, x_ptr, cfg_id, splits)
 
 
-# K below one stage, between stages (K % 16 == 8: a partial 16-byte chunk at the end), whole
-# stages; one row; many 16-row tiles per consumer warp (the persistent loop's later rounds).
-# The rows are padded to 16 bytes (TMA needs row strides of whole 16 bytes).
-TMA_SHAPES = [(37, 1000), (300, 4104), (1, 2056), (50001, 264), (45, 2048)]
+def _tma_weight(cp: Any, q: gemvx.QuantizedWeight, packed: Any = None) -> gemvx.QuantizedWeight:
+    """q on the device with its packed rows padded to 16 bytes (TMA needs row strides of whole 16
+    bytes), or with the given packed array."""
+    return gemvx.QuantizedWeight(_padded(cp, q.packed, True) if packed is None else packed, cp.asarray(q.scales),
+                                 None if q.zeros is None else cp.asarray(q.zeros), bits=q.bits,
+                                 group_size=q.group_size, K=q.K)
+
+
+# Bytes of a row (int8: K; int4: K / 2): below one stage, between stages (a partial 16-byte chunk
+# at the end, 8 bytes), whole stages; one row; many 16-row tiles per consumer warp (the persistent
+# loop's later rounds).
+TMA_ROWS = [(37, 1000), (300, 4104), (1, 2056), (50001, 264), (45, 2048)]
+
+
+def _tma_k(bits: int, row_bytes: int) -> int:
+    return row_bytes * (8 // bits)
 
 
 @GPU
-@pytest.mark.parametrize("cfg_id", TMA_CONFIGS)
-def test_tma_empty_trailing_splits(cp: Any, rng: np.random.Generator, cfg_id: int) -> None:
-    """Split spans round up to whole stages: with 13 splits of K = 14336 the last ones get no K
-    (they store zero partial sums, and must not touch memory past their x)."""
-    q = random_quantized(rng, (70, 14336), (8, None, False))
-    x = random_array(rng, (2, 14336), "float16")
+@pytest.mark.parametrize("cfg_id,fmt", cases(TMA_CONFIGS, [(8, None, False), (4, 128, True)]), ids=qid)
+def test_tma_empty_trailing_splits(cp: Any, rng: np.random.Generator, cfg_id: int,
+                                   fmt: tuple[int, Any, bool]) -> None:
+    """Split spans round up to whole stages: with 13 splits of 14336 bytes of a row the last ones
+    get no K (they store zero partial sums, and must not touch memory past their x)."""
+    K = _tma_k(fmt[0], 14336)
+    q = random_quantized(rng, (70, K), fmt)
+    x = random_array(rng, (2, K), "float16")
     q_d, x_d = to_device(cp, q), cp.asarray(x)
     splits = _ext.effective_splits(_prepared(cp, q_d, x_d).prep.problem, cfg_id, 13)
     cfg = next(c for c in QUANT_CONFIGS if c["id"] == cfg_id)
@@ -227,16 +245,17 @@ def test_tma_empty_trailing_splits(cp: Any, rng: np.random.Generator, cfg_id: in
 
 
 @GPU
-@pytest.mark.parametrize("cfg_id,shape,splits,x_dtype", cases(TMA_CONFIGS, TMA_SHAPES, (1, 3), QUANT_X_DTYPES),
-                         ids=idfn)
-def test_tma_configs(cp: Any, rng: np.random.Generator, cfg_id: int, shape: tuple[int, int], splits: int,
-                     x_dtype: str) -> None:
-    M, K = shape
-    q = random_quantized(rng, (M, K), (8, None, False), "float16")
+@pytest.mark.parametrize("cfg_id,fmt,rows", cases(TMA_CONFIGS, TMA_FORMATS, TMA_ROWS), ids=qid)
+def test_tma_configs(cp: Any, rng: np.random.Generator, cfg_id: int, fmt: tuple[int, Any, bool],
+                     rows: tuple[int, int]) -> None:
+    """Every config x format x shape, with 1 or 3 splits and either x dtype in turn."""
+    M, K = rows[0], _tma_k(fmt[0], rows[1])
+    turn = TMA_CONFIGS.index(cfg_id) + TMA_FORMATS.index(fmt) + TMA_ROWS.index(rows)
+    splits = (1, 3)[turn % 2]
+    x_dtype = QUANT_X_DTYPES[(turn // 2) % 2]
+    q = random_quantized(rng, (M, K), fmt, SCALE_DTYPES[(M + K) % 3])
     x = random_array(rng, (3, K), x_dtype)
-    q_d = gemvx.QuantizedWeight(_padded(cp, q.packed, True), cp.asarray(q.scales), None, bits=8, group_size=None,
-                                K=K)
-    x_d = cp.asarray(x)
+    q_d, x_d = _tma_weight(cp, q), cp.asarray(x)
     assert _tma_used(cp, q_d, x_d, cfg_id, splits) == _hopper(cp)
     first = run_checked(cp, q, x, q_d=q_d, x_d=x_d, config=(cfg_id, splits))
     second = run_checked(cp, q, x, q_d=q_d, x_d=x_d, config=(cfg_id, splits))
@@ -244,56 +263,62 @@ def test_tma_configs(cp: Any, rng: np.random.Generator, cfg_id: int, shape: tupl
 
 
 @GPU
-@pytest.mark.parametrize("cfg_id,w_batch,x_batch", [
-    (c, w, x) for c in TMA_CONFIGS for w, x in [((), (1,)), ((), (8,)), ((), (11,)), ((3,), (3,)), ((2, 1), (1, 5))]],
-    ids=idfn)
-def test_tma_vectors_and_matrices(cp: Any, rng: np.random.Generator, cfg_id: int, w_batch: tuple[int, ...],
-                                  x_batch: tuple[int, ...]) -> None:
-    q = random_quantized(rng, w_batch + (300, 1040), (8, None, False), "bfloat16")
-    x = random_array(rng, x_batch + (1040,), "float16")
+@pytest.mark.parametrize("cfg_id,fmt,w_batch,x_batch", [
+    (c, f, w, x) for c in TMA_CONFIGS for f in [(8, None, False), (4, 128, True)]
+    for w, x in [((), (1,)), ((), (8,)), ((), (11,)), ((3,), (3,)), ((2, 1), (1, 5))]], ids=qid)
+def test_tma_vectors_and_matrices(cp: Any, rng: np.random.Generator, cfg_id: int, fmt: tuple[int, Any, bool],
+                                  w_batch: tuple[int, ...], x_batch: tuple[int, ...]) -> None:
+    K = _tma_k(fmt[0], 1040)
+    q = random_quantized(rng, w_batch + (300, K), fmt, "bfloat16")
+    x = random_array(rng, x_batch + (K,), "float16")
     q_d, x_d = to_device(cp, q), cp.asarray(x)
     assert _tma_used(cp, q_d, x_d, cfg_id, 1) == _hopper(cp)
     run_checked(cp, q, x, q_d=q_d, x_d=x_d, config=(cfg_id, 1))
 
 
 @GPU
-@pytest.mark.parametrize("scale_dtype,alpha,beta,splits", cases(SCALE_DTYPES, (1.0, -0.75), (0.0, 1.5), (1, 2)),
-                         ids=idfn)
-def test_tma_scales_alpha_beta(cp: Any, rng: np.random.Generator, scale_dtype: str, alpha: float, beta: float,
-                               splits: int) -> None:
-    q = random_quantized(rng, (333, 2064), (8, None, False), scale_dtype)
-    x = random_array(rng, (2, 2064), "bfloat16")
+@pytest.mark.parametrize("fmt,scale_dtype,alpha,beta,splits", cases(
+    [(8, None, False), (4, 128, True)], SCALE_DTYPES, (1.0, -0.75), (0.0, 1.5), (1, 2)), ids=qid)
+def test_tma_scales_alpha_beta(cp: Any, rng: np.random.Generator, fmt: tuple[int, Any, bool], scale_dtype: str,
+                               alpha: float, beta: float, splits: int) -> None:
+    K = _tma_k(fmt[0], 2064)
+    q = random_quantized(rng, (333, K), fmt, scale_dtype)
+    x = random_array(rng, (2, K), "bfloat16")
     y_in = random_array(rng, (2, 333), "bfloat16")
-    q_d, x_d = to_device(cp, q), cp.asarray(x)
+    q_d, x_d = _tma_weight(cp, q), cp.asarray(x)
     assert _tma_used(cp, q_d, x_d, TMA_CONFIGS[0], splits) == _hopper(cp)
     run_checked(cp, q, x, q_d=q_d, x_d=x_d, alpha=alpha, beta=beta, y_in=y_in, config=(TMA_CONFIGS[0], splits))
 
 
 @GPU
-def test_tma_nan_and_inf_in_x(cp: Any, rng: np.random.Generator) -> None:
-    q = random_quantized(rng, (40, 1024), (8, None, False))
-    x = random_array(rng, (2, 1024), "float16")
+@pytest.mark.parametrize("fmt", [(8, None, False), (4, 128, True)], ids=qid)
+def test_tma_nan_and_inf_in_x(cp: Any, rng: np.random.Generator, fmt: tuple[int, Any, bool]) -> None:
+    K = _tma_k(fmt[0], 1024)
+    q = random_quantized(rng, (40, K), fmt)
+    x = random_array(rng, (2, K), "float16")
     x[0, 700] = np.nan
     x[1, 5] = np.inf
     q_d, x_d = to_device(cp, q), cp.asarray(x)
     assert _tma_used(cp, q_d, x_d, TMA_CONFIGS[0], 1) == _hopper(cp)
     got = cp.asnumpy(gemvx.cupy_gemv(q_d, x_d, config=(TMA_CONFIGS[0], 1))).astype(np.float32)
     assert np.isnan(got[0]).all()
-    codes = np.asarray(q.packed)[:, 5].astype(np.int64)  # +inf times the code's sign, or NaN for 0
-    want = np.where(codes > 0, np.inf, np.where(codes < 0, -np.inf, np.nan))
+    w5 = dequantize64(q)[:, 5]  # +inf times the sign of the weight, or NaN for a zero weight
+    want = np.where(w5 > 0, np.inf, np.where(w5 < 0, -np.inf, np.nan))
     np.testing.assert_array_equal(got[1], want)
 
 
 @GPU
-@pytest.mark.parametrize("case", ["k_not_multiple_of_8", "rows_not_16_bytes", "unaligned", "int4", "groups"])
+@pytest.mark.parametrize("case", ["k_not_multiple_of_8", "int4_k_not_multiple_of_16", "rows_not_16_bytes",
+                                  "unaligned", "int8_groups_of_32", "int4_groups_of_64"])
 def test_tma_falls_back(cp: Any, rng: np.random.Generator, case: str) -> None:
     """Calls the TMA kernel cannot take run config 103's kernel, with the same results."""
-    K = {"k_not_multiple_of_8": 1027, "rows_not_16_bytes": 1032}.get(case, 1024)
-    fmt = {"int4": (4, None, False), "groups": (8, 64, False)}.get(case, (8, None, False))
+    K = {"k_not_multiple_of_8": 1027, "int4_k_not_multiple_of_16": 2056, "rows_not_16_bytes": 1032}.get(case, 1024)
+    fmt = {"int4_k_not_multiple_of_16": (4, None, True), "int8_groups_of_32": (8, 32, False),
+           "int4_groups_of_64": (4, 64, True)}.get(case, (8, None, False))
     q = random_quantized(rng, (45, K), fmt)
     x = random_array(rng, (3, K), "float16")
     packed = cp.asarray(q.packed) if case == "rows_not_16_bytes" else _padded(cp, q.packed, case != "unaligned")
-    q_d = gemvx.QuantizedWeight(packed, cp.asarray(q.scales), None, bits=q.bits, group_size=q.group_size, K=K)
+    q_d = _tma_weight(cp, q, packed)
     x_d = cp.asarray(x)
     for cfg_id in TMA_CONFIGS:
         assert not _tma_used(cp, q_d, x_d, cfg_id, 1)

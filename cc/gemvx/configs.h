@@ -35,10 +35,12 @@
 //              vectors per pass over W (one mma n-tile per 8). Compiled for int4 and int8 W with
 //              float16 and bfloat16 x (scale dtype and zero points are run-time arguments). Quant
 //              ids start at 100 so the dense families can keep appending below them.
-//   QuantTma   (layout N, int8 W with one scale per row, Hopper: kernels/gemv_quant_tma.cuh): W
-//              streamed into shared memory by TMA, a producer warp and THREADS / 32 - 1 consumer
-//              warps; P1 = bytes of each row per stage, P2 = stages per consumer warp, UNROLL = 1,
-//              NV = 8. Persistent grid. Other quantised calls run Quant config 103's kernel.
+//   QuantTma   (layout N, quantised W on Hopper: kernels/gemv_quant_tma.cuh): W streamed into
+//              shared memory by TMA, a producer warp and THREADS / 32 - 1 consumer warps; P1 =
+//              bytes of each row per stage, P2 = stages per consumer warp, UNROLL = 1, NV = 8.
+//              Persistent grid. int8 and int4 with one scale per row or per group of at least
+//              64 bytes of a row (int8 g >= 64, int4 g >= 128), rows of whole 8 bytes, aligned
+//              operands; other quantised calls run Quant config 103's kernel.
 // UNROLL = independent 16-byte loads per thread in flight (per row); NV = vectors handled per
 // block (1 = plain GEMV; >1 = multi-vector: W is read once for up to NV vectors).
 // Every config is compiled for float32, float16 and bfloat16 (Quant: see above), with a
@@ -120,4 +122,6 @@
   X(111, QuantTma, 160, 512, 2, 1, 8)         \
   X(112, QuantTma, 160, 512, 4, 1, 8)         \
   X(113, QuantTma, 288, 512, 2, 1, 8)         \
-  X(114, QuantTma, 96, 1024, 4, 1, 8)
+  X(114, QuantTma, 96, 1024, 4, 1, 8)         \
+  X(115, QuantTma, 544, 256, 2, 1, 8)         \
+  X(116, QuantTma, 416, 256, 2, 1, 8)

@@ -29,26 +29,40 @@ constexpr int64_t kMaxGridZ = 65535;
 
 // ----- config families: how a config maps onto a kernel and a grid ---------------------------
 
+// Per device: compute capability 9.0 or newer, the SM count and the most dynamic shared memory a
+// block may have (0 when unknown).
+struct DeviceInfo {
+  bool hopper = false;
+  int sms = 0, smem_optin = 0;
+};
+const DeviceInfo& device_info() {
+  static DeviceInfo info[64];
+  static std::atomic<int8_t> known[64] = {};
+  static const DeviceInfo none{};
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return none;
+  if (known[dev].load(std::memory_order_acquire) == 0) {
+    DeviceInfo d;
+    int major = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+        cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
+        cudaDeviceGetAttribute(&d.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) == cudaSuccess)
+      d.hopper = major >= 9;
+    info[dev] = d;  // every thread writes the same values
+    known[dev].store(1, std::memory_order_release);
+  }
+  return info[dev];
+}
+
 // GPUs that can overlap a launch with the previous kernel's tail (programmatic dependent launch,
 // compute capability 9.0+; the kernels' pdl_begin() keeps memory ordered). GEMVX_PDL=0 in the
-// environment turns it off (for comparison). Cached per device.
+// environment turns it off (for comparison).
 bool pdl_enabled() {
   static const bool allowed = [] {
     const char* e = std::getenv("GEMVX_PDL");
     return e == nullptr || std::strcmp(e, "0") != 0;
   }();
-  static std::atomic<int8_t> known[64] = {};
-  int dev = 0;
-  if (!allowed || cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
-  int8_t k = known[dev].load(std::memory_order_relaxed);
-  if (k == 0) {
-    int major = 0;
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
-      return false;
-    k = major >= 9 ? 1 : -1;
-    known[dev].store(k, std::memory_order_relaxed);
-  }
-  return k > 0;
+  return allowed && device_info().hopper;
 }
 
 // Every kernel goes through here. The launch error is read by the caller (cudaGetLastError).
@@ -292,37 +306,13 @@ EncodeTiled encode_tiled() {
   return fn;
 }
 
-// Per device: compute capability 9.0 or newer, the SM count and the most dynamic shared memory a
-// block may have (0 when unknown).
-struct DeviceInfo {
-  bool hopper = false;
-  int sms = 0, smem_optin = 0;
-};
-const DeviceInfo& device_info() {
-  static DeviceInfo info[64];
-  static std::atomic<int8_t> known[64] = {};
-  static const DeviceInfo none{};
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return none;
-  if (known[dev].load(std::memory_order_acquire) == 0) {
-    DeviceInfo d;
-    int major = 0;
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
-        cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
-        cudaDeviceGetAttribute(&d.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) == cudaSuccess)
-      d.hopper = major >= 9;
-    info[dev] = d;  // every thread writes the same values
-    known[dev].store(1, std::memory_order_release);
-  }
-  return info[dev];
-}
-
-// Layout N, int8 W with one scale per row streamed through shared memory by TMA (Hopper; kernels/
-// gemv_quant_tma.cuh): THREADS = 32 x (consumer warps + 1), P1 = SK bytes of each row per stage,
-// P2 = S stages per warp, NV = 8. Persistent: about as many blocks as fit on the GPU at once, each
-// warp taking 16-row tiles in turn. Every other call (int4, groups, unaligned operands, K not a
-// multiple of 8, older GPUs, too little shared memory) runs gemv_quant with config 103's shape,
-// whose 16-row blocks and split spans match this family's.
+// Layout N, quantised W streamed through shared memory by TMA (Hopper; kernels/gemv_quant_tma.cuh):
+// THREADS = 32 x (consumer warps + 1), P1 = SK bytes of each row per stage, P2 = S stages per
+// warp, NV = 8. Persistent: about as many blocks as fit on the GPU at once, each warp taking
+// 16-row tiles in turn. Takes int8 and int4 with one scale per row or per group of at least a
+// round (64 bytes of a row: int8 g >= 64, int4 g >= 128). Every other call (smaller groups,
+// unaligned operands, rows not a multiple of 8 bytes, older GPUs, too little shared memory) runs
+// gemv_quant with config 103's shape, whose 16-row blocks and split spans match this family's.
 template <int THREADS, int SK, int S, int U, int NV>
 struct QuantTma {
   static_assert(NV == 8 && U == 1 && SK % 256 == 0, "QuantTma configs: 8 vectors, UNROLL 1, SK a multiple of 256");
@@ -339,50 +329,97 @@ struct QuantTma {
   static int64_t round_span(int64_t s) { return (s + SK / 16 - 1) / (SK / 16) * (SK / 16); }
   static int64_t grid_x(const Problem& p, int) { return (p.M + 15) / 16; }
 
+  template <typename T, int BITS, kernels::Scaling SC>
+  static auto kernel() {
+    return kernels::gemv_quant_tma<T, BITS, THREADS, SK, S, SC>;
+  }
+
+  // f(std::integral_constant<Scaling, SC>{}) for the scaling of q: per row or per group.
+  template <typename F>
+  static bool by_scaling(const kernels::QuantArgs& q, F&& f) {
+    using kernels::Scaling;
+    if (q.group_shift >= kPerRowShift) return f(std::integral_constant<Scaling, Scaling::kRow>{});
+    return f(std::integral_constant<Scaling, Scaling::kGroup>{});
+  }
+
   template <typename T, int BITS, bool VEC>
   static void launch(dim3 grid, cudaStream_t s, const kernels::QuantArgs& q) {
-    if constexpr (BITS == 8 && VEC) {
-      if (launch_tma<T>(grid, s, q)) return;
+    if constexpr (VEC) {
+      const bool done = by_scaling(q, [&](auto sc) {
+        kernels::QuantTmaArgs t;
+        std::size_t smem = 0;
+        unsigned gx = 0;
+        if (!plan<T, BITS, sc.value>(grid, q, &t, &smem, &gx)) return false;
+        launch_kernel(kernel<T, BITS, sc.value>(), dim3(gx, grid.y, grid.z), THREADS, s, t, smem);
+        return true;
+      });
+      if (done) return;
     }
     Fallback::template launch<T, BITS, VEC>(grid, s, q);
   }
 
+  // Whether the TMA kernel takes a call (for the tests: `uses_tma`).
+  template <typename T, int BITS>
+  static bool takes(dim3 grid, const kernels::QuantArgs& q) {
+    return by_scaling(q, [&](auto sc) {
+      kernels::QuantTmaArgs t;
+      std::size_t smem = 0;
+      unsigned gx = 0;
+      return plan<T, BITS, sc.value>(grid, q, &t, &smem, &gx);
+    });
+  }
+
   // The TMA launch of a call (kernel argument, dynamic shared memory, blocks along x), or false
   // where the TMA kernel cannot take it.
-  template <typename T>
+  template <typename T, int BITS, kernels::Scaling SC>
   static bool plan(dim3 grid, const kernels::QuantArgs& q, kernels::QuantTmaArgs* t, std::size_t* smem,
                    unsigned* gx) {
     constexpr int CW = THREADS / 32 - 1;
+    constexpr int VPB = 8 / BITS;  // values per byte
     const Args& a = q.a;
     const DeviceInfo& dev = device_info();
     const EncodeTiled encode = encode_tiled();
-    if (q.group_shift < kPerRowShift || !dev.hopper || encode == nullptr || a.K % 8 != 0) return false;
+    const int64_t row_bytes = a.K / VPB;
+    // rows of whole 8-byte elements; groups of whole 64-byte rounds (a power of two >= 64 VPB)
+    if (!dev.hopper || encode == nullptr || a.K % (8 * VPB) != 0) return false;
+    if (SC == kernels::Scaling::kGroup && (q.group_shift < (BITS == 4 ? 7 : 6) || q.group_shift >= kPerRowShift))
+      return false;
     if ((a.nvec > 1 && a.x_vec % 8 != 0) || (a.groups > 1 && a.x_group % 8 != 0)) return false;
-    const int64_t ldw = a.M > 1 ? a.ldw : (a.K + 15) / 16 * 16;
+    const int64_t ldw = a.M > 1 ? a.ldw : (row_bytes + 15) / 16 * 16;
     const int64_t w_group = a.groups > 1 ? a.w_group : ldw * a.M;
     if (ldw % 16 != 0 || w_group % 16 != 0) return false;
-    // x of the longest split (the last one also takes the partial chunk at the end of K), in
+    // x of the longest split (the last one also takes the partial chunk at the end of a row), in
     // whole stages.
-    const int64_t last = a.K - int64_t(grid.y - 1) * a.split_span * 16;
-    const int64_t x_elems = (std::max(a.split_span * 16, last) + SK - 1) / SK * SK;
+    const int64_t last = row_bytes - int64_t(grid.y - 1) * a.split_span * 16;
+    const int64_t x_elems = (std::max(a.split_span * 16, last) + SK - 1) / SK * SK * VPB;
     const int room = dev.smem_optin - kStaticRoom;
     if (x_elems > (int64_t(1) << 20) || room <= 0) return false;
     const int nv = int(std::min<int64_t>(a.nvec, NV));
     *smem = kernels::quant_tma_smem<T, CW, SK, S>(nv, int(x_elems));
     if (*smem > std::size_t(room)) return false;
-    auto kernel = kernels::gemv_quant_tma<T, THREADS, SK, S>;
     static std::atomic<int8_t> state[64] = {};
-    if (!smem_ok(kernel, room, state)) return false;
+    if (!smem_ok(kernel<T, BITS, SC>(), room, state)) return false;
+    // Blocks per SM, queried once per device for each dynamic shared memory size in turn (the
+    // last size asked, with its answer + 1, packed: size << 16 | answer + 1).
+    static std::atomic<int64_t> occupancy[64] = {};
+    int dev_id = 0;
+    if (cudaGetDevice(&dev_id) != cudaSuccess || dev_id < 0 || dev_id >= 64) return false;
+    int64_t known = occupancy[dev_id].load(std::memory_order_relaxed);
     int per_sm = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, THREADS, *smem) != cudaSuccess ||
-        per_sm < 1) {
-      cudaGetLastError();
-      return false;
+    if ((known >> 16) == int64_t(*smem) && (known & 0xFFFF) > 0) {
+      per_sm = int(known & 0xFFFF) - 1;
+    } else {
+      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel<T, BITS, SC>(), THREADS, *smem) != cudaSuccess) {
+        cudaGetLastError();
+        return false;
+      }
+      occupancy[dev_id].store((int64_t(*smem) << 16) | (per_sm + 1), std::memory_order_relaxed);
     }
+    if (per_sm < 1) return false;
     *t = kernels::QuantTmaArgs{};
     t->q = q;
     t->x_elems = int32_t(x_elems);
-    const cuuint64_t dims[3] = {cuuint64_t(a.K / 8), cuuint64_t(a.M), cuuint64_t(a.groups)};
+    const cuuint64_t dims[3] = {cuuint64_t(row_bytes / 8), cuuint64_t(a.M), cuuint64_t(a.groups)};
     const cuuint64_t strides[2] = {cuuint64_t(ldw), cuuint64_t(w_group)};
     const cuuint32_t box[3] = {SK / 8, 16, 1}, step[3] = {1, 1, 1};
     if (encode(&t->map, CU_TENSOR_MAP_DATA_TYPE_UINT64, 3, const_cast<void*>(a.W), dims, strides, box, step,
@@ -390,20 +427,13 @@ struct QuantTma {
                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
       return false;
     // As many blocks as run at once over the (split, group, vector-chunk) slices, and no more
-    // than give every consumer warp a tile.
+    // than give every consumer warp a tile, but at least one block per SM while there are tiles
+    // (some warps then have none: every SM streams).
     const int64_t slices = int64_t(grid.y) * grid.z;
     const int64_t resident = (int64_t(dev.sms) * per_sm + slices - 1) / slices;
-    *gx = unsigned(std::max<int64_t>(1, std::min<int64_t>((int64_t(grid.x) + CW - 1) / CW, resident)));
-    return true;
-  }
-
-  template <typename T>
-  static bool launch_tma(dim3 grid, cudaStream_t s, const kernels::QuantArgs& q) {
-    kernels::QuantTmaArgs t;
-    std::size_t smem = 0;
-    unsigned gx = 0;
-    if (!plan<T>(grid, q, &t, &smem, &gx)) return false;
-    launch_kernel(kernels::gemv_quant_tma<T, THREADS, SK, S>, dim3(gx, grid.y, grid.z), THREADS, s, t, smem);
+    const int64_t tiles = grid.x;  // 16-row tiles
+    const int64_t wanted = std::max<int64_t>((tiles + CW - 1) / CW, std::min<int64_t>(tiles, (dev.sms + slices - 1) / slices));
+    *gx = unsigned(std::max<int64_t>(1, std::min<int64_t>(wanted, resident)));
     return true;
   }
 };
@@ -508,19 +538,26 @@ Status launch_finish(const Args& a, cudaStream_t s) {
 // The part of a launch every family shares: the split plan, the workspace check, the grid (z
 // cut into launches of at most 65535 (group, vector-chunk) slices) and the split-K second pass.
 // `a` is the Args inside the kernel's argument block; launch_one(grid) launches the kernel.
-template <typename Fam, typename T, typename Launch>
-Status run_grid(const Problem& p, bool vec, int requested_splits, void* ws, std::size_t ws_size,
-                cudaStream_t stream, Args& a, Launch&& launch_one) {
+// The split plan and vector chunks of a launch (into a), and its blocks along x.
+template <typename Fam, typename T>
+int64_t plan_grid(const Problem& p, bool vec, int requested_splits, Args& a) {
   int splits;
   plan_splits<Fam>(p, vec, requested_splits, &a.split_span, &splits);
   a.splits = splits;
+  a.vchunks = int32_t((p.nvec + Fam::kNV - 1) / Fam::kNV);
+  return Fam::grid_x(p, vec_width<T>(vec));
+}
+
+template <typename Fam, typename T, typename Launch>
+Status run_grid(const Problem& p, bool vec, int requested_splits, void* ws, std::size_t ws_size,
+                cudaStream_t stream, Args& a, Launch&& launch_one) {
+  const int64_t gx = plan_grid<Fam, T>(p, vec, requested_splits, a);
+  const int splits = a.splits;
   a.ws = static_cast<float*>(ws);
   if (splits > 1) {
     const std::size_t need = std::size_t(splits) * p.groups * p.nvec * p.M * sizeof(float);
     if (ws == nullptr || ws_size < need) return {Code::kWorkspaceTooSmall, 0};
   }
-  a.vchunks = int32_t((p.nvec + Fam::kNV - 1) / Fam::kNV);
-  const int64_t gx = Fam::grid_x(p, vec_width<T>(vec));
   if (gx > 0x7fffffff) return {Code::kUnsupported, 0};
   const int64_t total_z = p.groups * a.vchunks;
   cudaGetLastError();  // clear a stale, non-sticky error so it is not reported as ours
@@ -626,19 +663,18 @@ bool tma_for(const Problem& p, int splits) {
   if constexpr (!IsQuantTma<Fam>::value) {
     return false;
   } else {
-    if (p.wbits != 8 || p.trans || !quant_vector_ok(p) || p.K == 0 || p.K > kMaxQuantK) return false;
-    kernels::QuantArgs q = make_quant_args(p);
-    int s = 1;
-    plan_splits<Fam>(p, true, splits, &q.a.split_span, &s);
-    q.a.splits = s;
-    q.a.vchunks = int32_t((p.nvec + Fam::kNV - 1) / Fam::kNV);
-    const int64_t z = std::min(kMaxGridZ, p.groups * q.a.vchunks);
-    const dim3 grid(unsigned(Fam::grid_x(p, 16)), unsigned(s), unsigned(z));
-    kernels::QuantTmaArgs t;
-    std::size_t smem = 0;
-    unsigned gx = 0;
-    return p.dtype == DType::kFloat16 ? Fam::template plan<__half>(grid, q, &t, &smem, &gx)
-                                      : Fam::template plan<__nv_bfloat16>(grid, q, &t, &smem, &gx);
+    if (p.trans || !quant_vector_ok(p) || p.K == 0 || p.K > kMaxQuantK) return false;
+    auto takes = [&](auto t, auto bits) {
+      using T = decltype(t);
+      kernels::QuantArgs q = make_quant_args(p);
+      const int64_t gx = plan_grid<Fam, T>(p, true, splits, q.a);
+      const int64_t z = std::min(kMaxGridZ, p.groups * q.a.vchunks);
+      return Fam::template takes<T, decltype(bits)::value>(dim3(unsigned(gx), unsigned(q.a.splits), unsigned(z)), q);
+    };
+    const bool f16 = p.dtype == DType::kFloat16;
+    if (p.wbits == 4)
+      return f16 ? takes(__half{}, std::integral_constant<int, 4>{}) : takes(__nv_bfloat16{}, std::integral_constant<int, 4>{});
+    return f16 ? takes(__half{}, std::integral_constant<int, 8>{}) : takes(__nv_bfloat16{}, std::integral_constant<int, 8>{});
   }
 }
 

@@ -220,6 +220,54 @@ __device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
+// The B fragments (x) of a 16-byte chunk of packed W, in the k order of its dequantised A pairs:
+// xw holds the chunk's E values of one vector in k order (int4: 32 values, 16 words; int8: 16, 8);
+// b[i] is the (b0, b1) of the chunk's mma i.
+template <int BITS>
+__device__ __forceinline__ void b_fragments(const uint32_t (&xw)[BITS == 4 ? 16 : 8], uint32_t (&b)[BITS == 4 ? 8 : 4][2]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    if constexpr (BITS == 4) {  // W word i covers k = 8i..8i+7; pairs (8i+j, 8i+j+4)
+      b[2 * i][0] = __byte_perm(xw[4 * i], xw[4 * i + 2], 0x5410);
+      b[2 * i][1] = __byte_perm(xw[4 * i], xw[4 * i + 2], 0x7632);
+      b[2 * i + 1][0] = __byte_perm(xw[4 * i + 1], xw[4 * i + 3], 0x5410);
+      b[2 * i + 1][1] = __byte_perm(xw[4 * i + 1], xw[4 * i + 3], 0x7632);
+    } else {  // W word i covers k = 4i..4i+3; pairs (4i, 4i+1), (4i+2, 4i+3)
+      b[i][0] = xw[2 * i];
+      b[i][1] = xw[2 * i + 1];
+    }
+  }
+}
+
+// Word i of a chunk of rows g and g + 8 (wl, wh) as exact pairs of q - z in x's dtype: lo for row
+// g, hi for row g + 8; int4 four pairs each (biases from Q::int4_bias, per row), int8 two.
+template <typename T, int BITS>
+__device__ __forceinline__ void dequant_word(uint32_t wl, uint32_t wh, uint32_t magic, const uint32_t (&blo)[2],
+                                             const uint32_t (&bhi)[2], uint32_t (&lo)[BITS == 4 ? 4 : 2],
+                                             uint32_t (&hi)[BITS == 4 ? 4 : 2]) {
+  if constexpr (BITS == 4) {
+    int4x8<T>(wl, magic, blo[0], bhi[0], lo);
+    int4x8<T>(wh, magic, blo[1], bhi[1], hi);
+  } else {
+    QuantMath<T>::int8x4(wl, lo);
+    QuantMath<T>::int8x4(wh, hi);
+  }
+}
+
+// The mmas of word i of a chunk (pairs from dequant_word, B fragments from b_fragments) into c.
+template <typename T, int BITS>
+__device__ __forceinline__ void word_mmas(float (&c)[4], const uint32_t (&lo)[BITS == 4 ? 4 : 2],
+                                          const uint32_t (&hi)[BITS == 4 ? 4 : 2],
+                                          const uint32_t (&b)[BITS == 4 ? 8 : 4][2], int i) {
+  using Q = QuantMath<T>;
+  if constexpr (BITS == 4) {
+    Q::mma(c, lo[0], hi[0], lo[1], hi[1], b[2 * i][0], b[2 * i][1]);
+    Q::mma(c, lo[2], hi[2], lo[3], hi[3], b[2 * i + 1][0], b[2 * i + 1][1]);
+  } else {
+    Q::mma(c, lo[0], hi[0], lo[1], hi[1], b[i][0], b[i][1]);
+  }
+}
+
 // How the scales are applied; the launcher picks from the group size (and alignment).
 //   kPre:   every weight pair is scaled in x's dtype before the mma (any group size; the only mode
 //           of the unaligned variant).
@@ -412,18 +460,7 @@ __global__ void __launch_bounds__(THREADS) gemv_quant(const QuantArgs q) {
       uint32_t xw[4 * XQ];
 #pragma unroll
       for (int i = 0; i < 4 * XQ; ++i) xw[i] = word_of(xq[nb][i / 4], i % 4);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        if constexpr (BITS == 4) {  // W word i covers k = 8i..8i+7; pairs (8i+j, 8i+j+4)
-          b[nb][2 * i][0] = __byte_perm(xw[4 * i], xw[4 * i + 2], 0x5410);
-          b[nb][2 * i][1] = __byte_perm(xw[4 * i], xw[4 * i + 2], 0x7632);
-          b[nb][2 * i + 1][0] = __byte_perm(xw[4 * i + 1], xw[4 * i + 3], 0x5410);
-          b[nb][2 * i + 1][1] = __byte_perm(xw[4 * i + 1], xw[4 * i + 3], 0x7632);
-        } else {  // W word i covers k = 4i..4i+3; pairs (4i, 4i+1), (4i+2, 4i+3)
-          b[nb][i][0] = xw[2 * i];
-          b[nb][i][1] = xw[2 * i + 1];
-        }
-      }
+      b_fragments<BITS>(xw, b[nb]);
     }
 #pragma unroll
     for (int rt = 0; rt < R; ++rt) {
@@ -459,24 +496,11 @@ __global__ void __launch_bounds__(THREADS) gemv_quant(const QuantArgs q) {
       };
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        if constexpr (BITS == 4) {
-          uint32_t lo[4], hi[4];
-          int4x8<T>(word_of(ch.w[rt][0], i), magic, bias_lo[0], bias_hi[0], lo);
-          int4x8<T>(word_of(ch.w[rt][1], i), magic, bias_lo[1], bias_hi[1], hi);
-          prescale(lo, hi);
+        uint32_t lo[MMAS / 2], hi[MMAS / 2];
+        dequant_word<T, BITS>(word_of(ch.w[rt][0], i), word_of(ch.w[rt][1], i), magic, bias_lo, bias_hi, lo, hi);
+        prescale(lo, hi);
 #pragma unroll
-          for (int nb = 0; nb < NB; ++nb) {
-            Q::mma(target(nb, i), lo[0], hi[0], lo[1], hi[1], b[nb][2 * i][0], b[nb][2 * i][1]);
-            Q::mma(target(nb, i), lo[2], hi[2], lo[3], hi[3], b[nb][2 * i + 1][0], b[nb][2 * i + 1][1]);
-          }
-        } else {
-          uint32_t lo[2], hi[2];
-          Q::int8x4(word_of(ch.w[rt][0], i), lo);
-          Q::int8x4(word_of(ch.w[rt][1], i), hi);
-          prescale(lo, hi);
-#pragma unroll
-          for (int nb = 0; nb < NB; ++nb) Q::mma(target(nb, i), lo[0], hi[0], lo[1], hi[1], b[nb][i][0], b[nb][i][1]);
-        }
+        for (int nb = 0; nb < NB; ++nb) word_mmas<T, BITS>(target(nb, i), lo, hi, b[nb], i);
       }
       if constexpr (S == Scaling::kGroup) {
         // C fragment: [0..1] row g, [2..3] row g + 8.

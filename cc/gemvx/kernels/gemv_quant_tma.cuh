@@ -1,28 +1,32 @@
-// Weight-only quantised GEMV for int8 W with one scale per row (layout N), Hopper (sm_90) only:
-// W streams through shared memory by the tensor memory accelerator (TMA), so the bytes in flight
+// Weight-only quantised GEMV, layout N, Hopper (sm_90) only: int8 or int4 W (the formats of
+// gemv_quant.cuh) with one scale per row or one per group of at least a 64-byte round of a row,
+// streamed through shared memory by the tensor memory accelerator (TMA), so the bytes in flight
 // cost no registers and every request covers whole 128-byte lines.
 //
 // A block is CW consumer warps and one producer warp. Each consumer warp owns 16-row tiles of W
 // (the A tile of mma.m16n8k16), taken in turn over the grid (tile = (n * gridDim.x * CW) + warp *
 // gridDim.x + blockIdx.x in round n, so the last round spreads over every block), and a ring of S
-// stages in shared memory; a stage is SK bytes of K of the tile's 16 rows, one 2D TMA box. One
-// thread of the producer warp fills every warp's ring, stage k of all warps before stage k + 1,
-// and waits on a stage's `empty` barrier before refilling it; a consumer waits on the stage's
-// `full` barrier (armed with the box's byte count), runs its mmas, and arrives on `empty`.
+// stages in shared memory; a stage is SK bytes of the tile's 16 rows, one 2D TMA box. One thread
+// of the producer warp fills every warp's ring, stage k of all warps before stage k + 1, and waits
+// on a stage's `empty` barrier before refilling it; a consumer waits on the stage's `full` barrier
+// (armed with the box's byte count), runs its mmas, and arrives on `empty`.
 // The block's x (its split of K, for up to 8 vectors) is copied into shared memory once at the
 // start and stays there; past K it is zero, as is W (the tensor map fills boxes past its bounds
-// with zeros), so the last partial stage adds nothing.
+// with zeros), so the last partial stage adds nothing. int4 puts x into the k order of the B
+// fragments once, after the copy (gemv_quant builds the fragments with byte permutes every step).
 //
-// The math is gemv_quant's with per-row scales (kernels/gemv_quant.cuh): each lane dequantises the
-// 16-byte chunk of rows g and g + 8 at k offset 16 t of each 64-byte quad step into exact integers
-// in x's dtype, B holds x in the same k order, the mmas accumulate in fp32, and the row's scale
-// multiplies the sum at the end. A lane's B column is vector g of the block's (vector 0 again where
-// g >= nv; those columns are not stored).
+// The math is gemv_quant's (kernels/gemv_quant.cuh): in each 64-byte round of a stage, each lane
+// dequantises the 16-byte chunk of rows g and g + 8 at byte 16 t into exact integers q - z in x's
+// dtype, B holds x in the same k order, the mmas accumulate in fp32. Per-row scales multiply the
+// tile's sum at the end (kRow); group scales multiply each round's tile (kGroup: a group spans
+// whole rounds), and are loaded with the zero points one stage ahead: lane t of a quad loads the
+// quad's (round, row) entries j = t, t + 4, ... and the quad shuffles them when used. A lane's B
+// column is vector g of the block's (vector 0 again where g >= nv; those columns are not stored).
 //
 // Requirements, checked by the launcher (which otherwise runs gemv_quant): compute capability 9.0,
-// W and x 16-byte aligned, K a multiple of 8, W's row and matrix strides multiples of 16 bytes,
-// x's vector and group strides multiples of 8 elements, and the ring plus the block's x within
-// the shared memory of a block.
+// W and x 16-byte aligned, packed rows of whole 8 bytes (int8: K % 8 == 0; int4: K % 16 == 0),
+// W's row and matrix strides multiples of 16 bytes, x's vector and group strides multiples of 8
+// elements, and the ring plus the block's x within the shared memory of a block.
 #pragma once
 
 #include <cuda.h>
@@ -32,7 +36,7 @@
 namespace gemvx {
 namespace kernels {
 
-// The kernel's one argument: the tensor map over W (8-byte elements: dims K / 8, M, groups) and
+// The kernel's one argument: the tensor map over W (8-byte elements: dims row bytes / 8, M, groups) and
 // the quantised arguments. The map must live in kernel parameter space (64-byte aligned).
 struct QuantTmaArgs {  // 64-byte aligned, as CUtensorMap is
   CUtensorMap map;
@@ -83,14 +87,21 @@ __device__ __forceinline__ void box(uint32_t dst, const CUtensorMap* map, int c0
 }  // namespace tma
 #endif
 
-template <typename T, int THREADS, int SK, int S>
+template <typename T, int BITS, int THREADS, int SK, int S, Scaling SC>
 __global__ void __launch_bounds__(THREADS) gemv_quant_tma(const __grid_constant__ QuantTmaArgs p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int CW = THREADS / 32 - 1;  // consumer warps; the last warp produces
   constexpr int NV = 8;
   constexpr int WSTAGE = 16 * SK;       // bytes of one stage: SK bytes of 16 rows
   constexpr int ROUNDS = SK / 64;       // quad steps of 64 bytes per stage
-  static_assert(CW >= 1 && SK % 64 == 0 && SK <= 2048 && S >= 2, "SK: 64..2048 bytes, two stages or more");
+  constexpr int VPB = 8 / BITS;         // values per byte of W
+  constexpr int XQ = 2 * VPB;           // 16-byte pieces of x per 16-byte chunk of W
+  constexpr int MMAS = 4 * VPB;         // mmas per chunk
+  // kGroup: the (round rd, row h) scale of a stage is entry j = 2 rd + h, held by lane j % 4 of
+  // the quad as its entry j / 4, and shuffled to the quad when used.
+  constexpr int MJ = SC == Scaling::kGroup ? ROUNDS / 2 : 1;
+  static_assert(CW >= 1 && SK % 128 == 0 && SK <= 2048 && S >= 2, "SK: 128..2048 bytes, two stages or more");
+  static_assert(SC == Scaling::kRow || SC == Scaling::kGroup, "scales per row or per group of whole rounds");
   using Q = QuantMath<T>;
   extern __shared__ __align__(128) uint8_t quant_tma_ring[];
   uint8_t* const smem = quant_tma_ring;
@@ -104,12 +115,14 @@ __global__ void __launch_bounds__(THREADS) gemv_quant_tma(const __grid_constant_
   const int64_t g = z / a.vchunks;
   const int64_t v0 = (z % a.vchunks) * NV;
   const int nv = int(a.nvec - v0 < NV ? a.nvec - v0 : NV);
-  // This split's K (bytes of W = elements): [k0, k0 + klen), in stages of SK. Spans count whole
-  // 16-byte chunks, so the last split also takes the partial chunk at the end of K; spans are
-  // rounded up to whole stages, so the last splits may be empty (they store zero partial sums).
+  // This split's bytes of each row: [k0, k0 + klen), in stages of SK. Spans count whole 16-byte
+  // chunks, so the last split also takes the partial chunk at the end of a row; spans are rounded
+  // up to whole stages, so the last splits may be empty (they store zero partial sums).
+  const int64_t row_bytes = a.K / VPB;
   const int64_t k0 = int64_t(split) * a.split_span * 16;
-  const int64_t rest = a.K - k0;
+  const int64_t rest = row_bytes - k0;
   const int klen = int(max(int64_t(0), split == a.splits - 1 ? rest : min(rest, a.split_span * 16)));
+  const int xlen = klen * VPB;  // values of x in this split
   const int nst = (klen + SK - 1) / SK;
   const int64_t tiles = (a.M + 15) / 16;
   const int64_t per_round = int64_t(gridDim.x) * CW;
@@ -124,23 +137,21 @@ __global__ void __launch_bounds__(THREADS) gemv_quant_tma(const __grid_constant_
     tma::init(tma::addr(&x_ready), 1);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
-  // x past this split's K is zero (the copies below write only [0, klen)).
-  for (int i = threadIdx.x; i < nv * (p.x_elems - klen); i += THREADS) {
-    const int v = i / (p.x_elems - klen);
-    xs[v * p.x_elems + klen + i % (p.x_elems - klen)] = T(0.0f);
-  }
+  // x past this split's K is zero (the copies below write only [0, xlen)).
+  for (int v = 0; v < nv; ++v)
+    for (int i = xlen + int(threadIdx.x); i < p.x_elems; i += THREADS) xs[v * p.x_elems + i] = T(0.0f);
   __syncthreads();
   pdl_wait();
 
   if (warp == CW) {
     if (lane == 0) {
-      const T* X = static_cast<const T*>(a.x) + g * a.x_group + v0 * a.x_vec + k0;
+      const T* X = static_cast<const T*>(a.x) + g * a.x_group + v0 * a.x_vec + k0 * VPB;
       const uint32_t xb = tma::addr(&x_ready);
-      tma::expect(xb, uint32_t(nv) * klen * sizeof(T));
+      tma::expect(xb, uint32_t(nv) * xlen * sizeof(T));
       for (int v = 0; v < nv; ++v)
-        for (int o = 0; o < klen; o += 16384)  // pieces of 32 KiB
+        for (int o = 0; o < xlen; o += 16384)  // pieces of 32 KiB
           tma::copy(tma::addr(xs + v * p.x_elems + o), X + v * a.x_vec + o,
-                    uint32_t(min(16384, klen - o) * sizeof(T)), xb);
+                    uint32_t(min(16384, xlen - o) * sizeof(T)), xb);
       const int c0 = int(k0 / 8);
       int cnt = 0;  // stages issued per warp so far (the same for every warp with a tile)
       for (int64_t n = 0;; ++n) {
@@ -169,45 +180,125 @@ __global__ void __launch_bounds__(THREADS) gemv_quant_tma(const __grid_constant_
   const ScaleKind sk(q.scale_dtype);
   const int s_shift = q.scale_dtype == int32_t(DType::kFloat32) ? 2 : 1;
   const char* S0 = static_cast<const char*>(q.scales) + ((g * q.s_group) << s_shift);
+  const bool has_zeros = BITS == 4 && q.zeros != nullptr;
+  const uint8_t* Z0 = has_zeros ? q.zeros + g * q.z_group : nullptr;
   const T* xv = xs + (gq < nv ? gq : 0) * p.x_elems;
+  const uint32_t magic = Q::kMagic;
+  auto clamp_row = [&](int64_t r) { return r < a.M ? r : a.M - 1; };
+
+  // kGroup: this lane's scale and zero-point entries of stage k of a tile (zero past K: the
+  // round's W and x are zero there).
+  struct Meta {
+    float s[MJ];
+    uint32_t zp[MJ];
+  };
+  auto fetch_meta = [&](Meta& m, int64_t tile, int k) {
+    if constexpr (SC == Scaling::kGroup) {
+#pragma unroll
+      for (int i = 0; i < MJ; ++i) {
+        const int j = t + 4 * i, rd = j / 2, h = j % 2;
+        const int64_t r = clamp_row(tile * 16 + gq + 8 * h);
+        const int64_t v = (k0 + int64_t(k) * SK + rd * 64) * VPB;  // the round's first value
+        const bool ok = v < a.K;
+        const int64_t grp = v >> q.group_shift;
+        m.s[i] = ok ? scale_at(S0 + ((r * q.lds + grp) << s_shift), sk) : 0.0f;
+        m.zp[i] = ok && has_zeros ? uint32_t(__ldg(Z0 + r * q.ldz + grp)) & 15u : 8u;
+      }
+    }
+  };
+  auto quad_entry = [&](auto v, int j) { return __shfl_sync(0xffffffffu, v, (lane & ~3) | (j % 4)); };
+
+  Meta cur{}, nxt{};
+  if (nst > 0 && int64_t(warp) * gridDim.x + blockIdx.x < tiles) fetch_meta(cur, int64_t(warp) * gridDim.x + blockIdx.x, 0);
   tma::wait(tma::addr(&x_ready), 0);
+  if constexpr (BITS == 4) {
+    // int4: x in shared memory goes into the k order of the B fragments once (each 8 values
+    // k = 0..7 as (0, 4), (1, 5), (2, 6), (3, 7)), so the rounds load the fragments directly.
+    for (int i = threadIdx.x; i < nv * p.x_elems / 8; i += CW * 32) {
+      uint4* q8 = reinterpret_cast<uint4*>(xs) + i;
+      const uint4 v = *q8;
+      *q8 = make_uint4(__byte_perm(v.x, v.z, 0x5410), __byte_perm(v.x, v.z, 0x7632), __byte_perm(v.y, v.w, 0x5410),
+                       __byte_perm(v.y, v.w, 0x7632));
+    }
+    asm volatile("bar.sync 1, %0;" ::"n"(CW * 32) : "memory");  // the consumer warps only
+  }
   int cnt = 0;
   for (int64_t n = 0;; ++n) {
     const int64_t tile = n * per_round + int64_t(warp) * gridDim.x + blockIdx.x;
     if (tile >= tiles) break;
+    int64_t row[2];
+    uint32_t row_blo[2] = {0u, 0u}, row_bhi[2] = {0u, 0u};
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      row[h] = tile * 16 + gq + 8 * h;
+      if constexpr (BITS == 4 && SC == Scaling::kRow)
+        Q::int4_bias(has_zeros ? uint32_t(__ldg(Z0 + clamp_row(row[h]) * q.ldz)) & 15u : 8u, row_blo[h], row_bhi[h]);
+    }
     float acc[2][4] = {};
     for (int k = 0; k < nst; ++k, ++cnt) {
       const int s = cnt % S;
+      if constexpr (SC == Scaling::kGroup) {  // the next stage's scales, one stage ahead
+        const bool more = k + 1 < nst;
+        const int64_t nt = more ? tile : tile + per_round;
+        if (nt < tiles) fetch_meta(nxt, nt, more ? k + 1 : 0);
+      }
       tma::wait(tma::addr(&full[warp][s]), (cnt / S) & 1);
       const uint8_t* st = smem + (warp * S + s) * WSTAGE;
 #pragma unroll
       for (int rd = 0; rd < ROUNDS; ++rd) {
         const int kb = rd * 64 + t * 16;
-        const uint4 x0 = *reinterpret_cast<const uint4*>(xv + k * SK + kb);
-        const uint4 x1 = *reinterpret_cast<const uint4*>(xv + k * SK + kb + 8);
-        const uint32_t xw[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+        uint32_t xw[4 * XQ];
+#pragma unroll
+        for (int i = 0; i < XQ; ++i) {
+          const uint4 x4 = *reinterpret_cast<const uint4*>(xv + (k * SK + kb) * VPB + 8 * i);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) xw[4 * i + e] = word_of(x4, e);
+        }
+        uint32_t b[MMAS][2];
+        if constexpr (BITS == 4) {
+#pragma unroll
+          for (int i = 0; i < MMAS; ++i) {
+            b[i][0] = xw[2 * i];
+            b[i][1] = xw[2 * i + 1];
+          }
+        } else {
+          b_fragments<BITS>(xw, b);
+        }
         const uint4 w0 = *reinterpret_cast<const uint4*>(st + gq * SK + kb);
         const uint4 w1 = *reinterpret_cast<const uint4*>(st + (gq + 8) * SK + kb);
+        uint32_t blo[2] = {row_blo[0], row_blo[1]}, bhi[2] = {row_bhi[0], row_bhi[1]};
+        float rs[2] = {0.0f, 0.0f};
+        if constexpr (SC == Scaling::kGroup) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {  // word i: k = 4i..4i+3 of the chunk; pairs (4i, 4i+1), (4i+2, 4i+3)
-          uint32_t lo[2], hi[2];
-          Q::int8x4(word_of(w0, i), lo);
-          Q::int8x4(word_of(w1, i), hi);
-          Q::mma(acc[i % 2], lo[0], hi[0], lo[1], hi[1], xw[2 * i], xw[2 * i + 1]);
+          for (int h = 0; h < 2; ++h) {
+            const int j = 2 * rd + h;
+            rs[h] = quad_entry(cur.s[j / 4], j);
+            if constexpr (BITS == 4) Q::int4_bias(quad_entry(cur.zp[j / 4], j), blo[h], bhi[h]);
+          }
+        }
+        // kGroup: the round's own tile, scaled into acc below; kRow: straight into acc.
+        float tl[2][4] = {};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {  // word i of the chunk
+          uint32_t lo[MMAS / 2], hi[MMAS / 2];
+          dequant_word<T, BITS>(word_of(w0, i), word_of(w1, i), magic, blo, bhi, lo, hi);
+          word_mmas<T, BITS>(SC == Scaling::kGroup ? tl[i % 2] : acc[i % 2], lo, hi, b, i);
+        }
+        if constexpr (SC == Scaling::kGroup) {
+#pragma unroll
+          for (int j = 0; j < 4; ++j) acc[0][j] = fmaf(rs[j / 2], tl[0][j] + tl[1][j], acc[0][j]);
         }
       }
       __syncwarp();
       if (lane == 0) tma::arrive(tma::addr(&empty[warp][s]));
+      if constexpr (SC == Scaling::kGroup) cur = nxt;
     }
-    // The rows' scales, loaded only now: loaded before the stages (when every SM's first TMA
-    // requests are queued) they cost 0.75 us at 8192 x 8192 on an H200 (benchmarks/NOTES.md).
-    int64_t row[2];
-    float scale[2];
+    // kRow: the rows' scales, loaded only now: loaded before the stages (when every SM's first
+    // TMA requests are queued) they cost 0.75 us at 8192 x 8192 on an H200 (benchmarks/NOTES.md).
+    float scale[2] = {1.0f, 1.0f};
+    if constexpr (SC == Scaling::kRow) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      row[h] = tile * 16 + gq + 8 * h;
-      const int64_t r = row[h] < a.M ? row[h] : a.M - 1;
-      scale[h] = scale_at(S0 + ((r * q.lds) << s_shift), sk);
+      for (int h = 0; h < 2; ++h) scale[h] = scale_at(S0 + ((clamp_row(row[h]) * q.lds) << s_shift), sk);
     }
     // C tile: [0..1] row g, columns 2t and 2t + 1; [2..3] the same for row g + 8.
 #pragma unroll
