@@ -220,6 +220,13 @@ __device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
+// Eight values of x, k = 0..7 as four words of pairs (a: 0, 1; b: 2, 3; c: 4, 5; d: 6, 7), in the
+// k order of int4's dequantised pairs: (0, 4), (1, 5), (2, 6), (3, 7).
+__device__ __forceinline__ uint4 int4_pair_order(uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
+  return make_uint4(__byte_perm(a, c, 0x5410), __byte_perm(a, c, 0x7632), __byte_perm(b, d, 0x5410),
+                    __byte_perm(b, d, 0x7632));
+}
+
 // The B fragments (x) of a 16-byte chunk of packed W, in the k order of its dequantised A pairs:
 // xw holds the chunk's E values of one vector in k order (int4: 32 values, 16 words; int8: 16, 8);
 // b[i] is the (b0, b1) of the chunk's mma i.
@@ -228,10 +235,11 @@ __device__ __forceinline__ void b_fragments(const uint32_t (&xw)[BITS == 4 ? 16 
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     if constexpr (BITS == 4) {  // W word i covers k = 8i..8i+7; pairs (8i+j, 8i+j+4)
-      b[2 * i][0] = __byte_perm(xw[4 * i], xw[4 * i + 2], 0x5410);
-      b[2 * i][1] = __byte_perm(xw[4 * i], xw[4 * i + 2], 0x7632);
-      b[2 * i + 1][0] = __byte_perm(xw[4 * i + 1], xw[4 * i + 3], 0x5410);
-      b[2 * i + 1][1] = __byte_perm(xw[4 * i + 1], xw[4 * i + 3], 0x7632);
+      const uint4 o = int4_pair_order(xw[4 * i], xw[4 * i + 1], xw[4 * i + 2], xw[4 * i + 3]);
+      b[2 * i][0] = o.x;
+      b[2 * i][1] = o.y;
+      b[2 * i + 1][0] = o.z;
+      b[2 * i + 1][1] = o.w;
     } else {  // W word i covers k = 4i..4i+3; pairs (4i, 4i+1), (4i+2, 4i+3)
       b[i][0] = xw[2 * i];
       b[i][1] = xw[2 * i + 1];

@@ -217,8 +217,7 @@ __global__ void __launch_bounds__(THREADS) gemv_quant_tma(const __grid_constant_
     for (int i = threadIdx.x; i < nv * p.x_elems / 8; i += CW * 32) {
       uint4* q8 = reinterpret_cast<uint4*>(xs) + i;
       const uint4 v = *q8;
-      *q8 = make_uint4(__byte_perm(v.x, v.z, 0x5410), __byte_perm(v.x, v.z, 0x7632), __byte_perm(v.y, v.w, 0x5410),
-                       __byte_perm(v.y, v.w, 0x7632));
+      *q8 = int4_pair_order(v.x, v.y, v.z, v.w);
     }
     asm volatile("bar.sync 1, %0;" ::"n"(CW * 32) : "memory");  // the consumer warps only
   }
