@@ -27,7 +27,7 @@ MMA = re.compile(r"gemv_mma(_t)?I(\w+?)Li(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELb[01]E")
 TILE = re.compile(r"gemv_tile(_t)?I(\w+?)Li(\d+)ELi(\d+)ELi(\d+)ELi(\d+)E")
 # gemv_quant<T, BITS, THREADS, P1, R, U, NV, VEC=true>
 QNT = re.compile(r"gemv_quantI(\w+?)Li(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELb1E")
-# gemv_quant_tma<T, BITS, THREADS, SK, S, SCALING>: W through shared memory by TMA (sm_90 only)
+# gemv_quant_tma<T, BITS, THREADS, SK, S, WT, SCALING>: W through shared memory by TMA (sm_90 only)
 QTMA = re.compile(r"gemv_quant_tmaI(\w+?)Li(\d+)ELi(\d+)ELi(\d+)ELi(\d+)E")
 
 

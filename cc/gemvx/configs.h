@@ -37,7 +37,8 @@
 //              ids start at 100 so the dense families can keep appending below them.
 //   QuantTma   (layout N, quantised W on Hopper: kernels/gemv_quant_tma.cuh): W streamed into
 //              shared memory by TMA, a producer warp and THREADS / 32 - 1 consumer warps; P1 =
-//              bytes of each row per stage, P2 = stages per consumer warp, UNROLL = 1, NV = 8.
+//              bytes of each row per stage, P2 = stages per consumer warp, UNROLL = consumer
+//              warps sharing a 16-row tile (each takes every UNROLL-th stage of its rows), NV = 8.
 //              Persistent grid. int8 and int4 with one scale per row or per group of at least
 //              64 bytes of a row (int8 g >= 64, int4 g >= 128), rows of whole 8 bytes, aligned
 //              operands; other quantised calls run Quant config 103's kernel.
@@ -124,4 +125,9 @@
   X(113, QuantTma, 288, 512, 2, 1, 8)         \
   X(114, QuantTma, 96, 1024, 4, 1, 8)         \
   X(115, QuantTma, 544, 256, 2, 1, 8)         \
-  X(116, QuantTma, 416, 256, 2, 1, 8)
+  X(116, QuantTma, 416, 256, 2, 1, 8)         \
+  X(117, QuantTma, 160, 512, 2, 2, 8)         \
+  X(118, QuantTma, 288, 512, 2, 2, 8)         \
+  X(119, QuantTma, 544, 256, 2, 4, 8)         \
+  X(120, QuantTma, 416, 256, 2, 4, 8)         \
+  X(121, QuantTma, 544, 256, 2, 2, 8)

@@ -29,9 +29,10 @@ constexpr int64_t kMaxGridZ = 65535;
 
 // ----- config families: how a config maps onto a kernel and a grid ---------------------------
 
-// Per device: compute capability 9.0 or newer, the SM count and the most dynamic shared memory a
-// block may have (0 when unknown).
+// Per device: its ordinal (-1 when unknown), compute capability 9.0 or newer, the SM count and
+// the most dynamic shared memory a block may have (0 when unknown).
 struct DeviceInfo {
+  int id = -1;
   bool hopper = false;
   int sms = 0, smem_optin = 0;
 };
@@ -43,6 +44,7 @@ const DeviceInfo& device_info() {
   if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return none;
   if (known[dev].load(std::memory_order_acquire) == 0) {
     DeviceInfo d;
+    d.id = dev;
     int major = 0;
     if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
         cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
@@ -90,19 +92,17 @@ void launch_kernel(void (*kernel)(P...), dim3 grid, int threads, cudaStream_t s,
 // and reports it.
 template <typename K>
 bool smem_ok(K kernel, int bytes, std::atomic<int8_t> (&state)[64]) {
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return true;
-  const int8_t known = state[dev].load(std::memory_order_relaxed);
+  const DeviceInfo& d = device_info();
+  if (d.id < 0) return true;
+  const int8_t known = state[d.id].load(std::memory_order_relaxed);
   if (known != 0) return known > 0;
-  int most = 0;
-  if (cudaDeviceGetAttribute(&most, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) == cudaSuccess &&
-      most < bytes) {
-    state[dev].store(-1, std::memory_order_relaxed);
+  if (d.smem_optin > 0 && d.smem_optin < bytes) {
+    state[d.id].store(-1, std::memory_order_relaxed);
     return false;
   }
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) ==
       cudaSuccess)
-    state[dev].store(1, std::memory_order_relaxed);
+    state[d.id].store(1, std::memory_order_relaxed);
   return true;
 }
 
@@ -308,14 +308,15 @@ EncodeTiled encode_tiled() {
 
 // Layout N, quantised W streamed through shared memory by TMA (Hopper; kernels/gemv_quant_tma.cuh):
 // THREADS = 32 x (consumer warps + 1), P1 = SK bytes of each row per stage, P2 = S stages per
-// warp, NV = 8. Persistent: about as many blocks as fit on the GPU at once, each warp taking
-// 16-row tiles in turn. Takes int8 and int4 with one scale per row or per group of at least a
+// warp, U = consumer warps per tile, NV = 8. Persistent: about as many blocks as fit on the GPU
+// at once, each group of U warps taking 16-row tiles in turn. Takes int8 and int4 with one scale per row or per group of at least a
 // round (64 bytes of a row: int8 g >= 64, int4 g >= 128). Every other call (smaller groups,
 // unaligned operands, rows not a multiple of 8 bytes, older GPUs, too little shared memory) runs
 // gemv_quant with config 103's shape, whose 16-row blocks and split spans match this family's.
 template <int THREADS, int SK, int S, int U, int NV>
 struct QuantTma {
-  static_assert(NV == 8 && U == 1 && SK % 256 == 0, "QuantTma configs: 8 vectors, UNROLL 1, SK a multiple of 256");
+  static_assert(NV == 8 && SK % 256 == 0 && (THREADS / 32 - 1) % U == 0,
+                "QuantTma configs: 8 vectors, SK a multiple of 256, UNROLL dividing the consumer warps");
   using Fallback = Quant<128, 16, 1, 2, 8>;
   static constexpr int kStaticRoom = 1024;  // kept for the kernel's static shared memory (barriers)
   static_assert(Fallback::kRows == 16, "the fallback has this family's 16-row blocks");
@@ -331,7 +332,7 @@ struct QuantTma {
 
   template <typename T, int BITS, kernels::Scaling SC>
   static auto kernel() {
-    return kernels::gemv_quant_tma<T, BITS, THREADS, SK, S, SC>;
+    return kernels::gemv_quant_tma<T, BITS, THREADS, SK, S, U, SC>;
   }
 
   // f(std::integral_constant<Scaling, SC>{}) for the scaling of q: per row or per group.
@@ -395,16 +396,15 @@ struct QuantTma {
     const int room = dev.smem_optin - kStaticRoom;
     if (x_elems > (int64_t(1) << 20) || room <= 0) return false;
     const int nv = int(std::min<int64_t>(a.nvec, NV));
-    *smem = kernels::quant_tma_smem<T, CW, SK, S>(nv, int(x_elems));
+    *smem = kernels::quant_tma_smem<T, CW, SK, S, U>(nv, int(x_elems));
     if (*smem > std::size_t(room)) return false;
     static std::atomic<int8_t> state[64] = {};
     if (!smem_ok(kernel<T, BITS, SC>(), room, state)) return false;
     // Blocks per SM, queried once per device for each dynamic shared memory size in turn (the
     // last size asked, with its answer + 1, packed: size << 16 | answer + 1).
     static std::atomic<int64_t> occupancy[64] = {};
-    int dev_id = 0;
-    if (cudaGetDevice(&dev_id) != cudaSuccess || dev_id < 0 || dev_id >= 64) return false;
-    int64_t known = occupancy[dev_id].load(std::memory_order_relaxed);
+    if (dev.id < 0) return false;
+    int64_t known = occupancy[dev.id].load(std::memory_order_relaxed);
     int per_sm = 0;
     if ((known >> 16) == int64_t(*smem) && (known & 0xFFFF) > 0) {
       per_sm = int(known & 0xFFFF) - 1;
@@ -413,7 +413,7 @@ struct QuantTma {
         cudaGetLastError();
         return false;
       }
-      occupancy[dev_id].store((int64_t(*smem) << 16) | (per_sm + 1), std::memory_order_relaxed);
+      occupancy[dev.id].store((int64_t(*smem) << 16) | (per_sm + 1), std::memory_order_relaxed);
     }
     if (per_sm < 1) return false;
     *t = kernels::QuantTmaArgs{};
@@ -427,12 +427,12 @@ struct QuantTma {
                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
       return false;
     // As many blocks as run at once over the (split, group, vector-chunk) slices, and no more
-    // than give every consumer warp a tile, but at least one block per SM while there are tiles
-    // (some warps then have none: every SM streams).
+    // than give every group of U consumer warps a tile, but at least one block per SM while there
+    // are tiles (some warps then have none: every SM streams).
     const int64_t slices = int64_t(grid.y) * grid.z;
     const int64_t resident = (int64_t(dev.sms) * per_sm + slices - 1) / slices;
     const int64_t tiles = grid.x;  // 16-row tiles
-    const int64_t wanted = std::max<int64_t>((tiles + CW - 1) / CW, std::min<int64_t>(tiles, (dev.sms + slices - 1) / slices));
+    const int64_t wanted = std::max<int64_t>((tiles + CW / U - 1) / (CW / U), std::min<int64_t>(tiles, (dev.sms + slices - 1) / slices));
     *gx = unsigned(std::max<int64_t>(1, std::min<int64_t>(wanted, resident)));
     return true;
   }

@@ -187,6 +187,11 @@ __device__ __forceinline__ void int4x8(uint32_t w, uint32_t magic, uint32_t bias
   }
 }
 
+// An int4 zero point at p (its low nibble), or 8 (symmetric) where load is false.
+__device__ __forceinline__ uint32_t zero_point(const uint8_t* p, bool load) {
+  return load ? uint32_t(__ldg(p)) & 15u : 8u;
+}
+
 // The scale dtype of a launch as three bit masks, all ones for the dtype the scales have.
 struct ScaleKind {
   uint32_t f32, bf16, f16;
@@ -262,18 +267,25 @@ __device__ __forceinline__ void dequant_word(uint32_t wl, uint32_t wh, uint32_t 
   }
 }
 
-// The mmas of word i of a chunk (pairs from dequant_word, B fragments from b_fragments) into c.
+// The mmas of word i of a chunk (pairs from dequant_word, B fragments from b_fragments): int4's
+// two into c0 and c1 (two chains of dependent mmas where they differ), int8's one into c0.
 template <typename T, int BITS>
-__device__ __forceinline__ void word_mmas(float (&c)[4], const uint32_t (&lo)[BITS == 4 ? 4 : 2],
+__device__ __forceinline__ void word_mmas(float (&c0)[4], float (&c1)[4], const uint32_t (&lo)[BITS == 4 ? 4 : 2],
                                           const uint32_t (&hi)[BITS == 4 ? 4 : 2],
                                           const uint32_t (&b)[BITS == 4 ? 8 : 4][2], int i) {
   using Q = QuantMath<T>;
   if constexpr (BITS == 4) {
-    Q::mma(c, lo[0], hi[0], lo[1], hi[1], b[2 * i][0], b[2 * i][1]);
-    Q::mma(c, lo[2], hi[2], lo[3], hi[3], b[2 * i + 1][0], b[2 * i + 1][1]);
+    Q::mma(c0, lo[0], hi[0], lo[1], hi[1], b[2 * i][0], b[2 * i][1]);
+    Q::mma(c1, lo[2], hi[2], lo[3], hi[3], b[2 * i + 1][0], b[2 * i + 1][1]);
   } else {
-    Q::mma(c, lo[0], hi[0], lo[1], hi[1], b[i][0], b[i][1]);
+    Q::mma(c0, lo[0], hi[0], lo[1], hi[1], b[i][0], b[i][1]);
   }
+}
+template <typename T, int BITS>
+__device__ __forceinline__ void word_mmas(float (&c)[4], const uint32_t (&lo)[BITS == 4 ? 4 : 2],
+                                          const uint32_t (&hi)[BITS == 4 ? 4 : 2],
+                                          const uint32_t (&b)[BITS == 4 ? 8 : 4][2], int i) {
+  word_mmas<T, BITS>(c, c, lo, hi, b, i);
 }
 
 // How the scales are applied; the launcher picks from the group size (and alignment).
@@ -369,7 +381,7 @@ __global__ void __launch_bounds__(THREADS) gemv_quant(const QuantArgs q) {
       for (int h = 0; h < 2; ++h) {
         row_s[rt][h] = scale_at(srow[rt][h], sk);
         if constexpr (BITS == 4)
-          Q::int4_bias(has_zeros ? uint32_t(__ldg(zrow[rt][h])) & 15u : 8u, row_blo[rt][h], row_bhi[rt][h]);
+          Q::int4_bias(zero_point(zrow[rt][h], has_zeros), row_blo[rt][h], row_bhi[rt][h]);
       }
   }
   const uint32_t magic = Q::kMagic;
@@ -404,7 +416,7 @@ __global__ void __launch_bounds__(THREADS) gemv_quant(const QuantArgs q) {
         for (int h = 0; h < 2; ++h) {
           ch.s[rt][h] = svalid ? scale_at(srow[rt][h] + (grp << s_shift), sk) : 0.0f;
           if constexpr (BITS == 4)
-            ch.zp[rt][h] = svalid && has_zeros ? uint32_t(__ldg(zrow[rt][h] + grp)) & 15u : 8u;
+            ch.zp[rt][h] = zero_point(zrow[rt][h] + grp, svalid && has_zeros);
         }
     }
   };

@@ -3,13 +3,18 @@
 // streamed through shared memory by the tensor memory accelerator (TMA), so the bytes in flight
 // cost no registers and every request covers whole 128-byte lines.
 //
-// A block is CW consumer warps and one producer warp. Each consumer warp owns 16-row tiles of W
-// (the A tile of mma.m16n8k16), taken in turn over the grid (tile = (n * gridDim.x * CW) + warp *
-// gridDim.x + blockIdx.x in round n, so the last round spreads over every block), and a ring of S
-// stages in shared memory; a stage is SK bytes of the tile's 16 rows, one 2D TMA box. One thread
-// of the producer warp fills every warp's ring, stage k of all warps before stage k + 1, and waits
-// on a stage's `empty` barrier before refilling it; a consumer waits on the stage's `full` barrier
-// (armed with the box's byte count), runs its mmas, and arrives on `empty`.
+// A block is CW consumer warps and one producer warp. The consumer warps form TG = CW / WT groups
+// of WT; each group owns 16-row tiles of W (the A tile of mma.m16n8k16), taken in turn over the
+// grid (tile = n * gridDim.x * TG + group * gridDim.x + blockIdx.x in round n, so the last round
+// spreads over every block). Warp w of a group takes the tile's stages w, w + WT, ... (WT > 1
+// puts more warps on each tile where the tiles are too few to give every warp one), and warps
+// 1..WT-1 hand their C tiles to warp 0 through shared memory (a named barrier per group), which
+// adds them in a fixed order and stores. Each consumer warp has a ring of S stages in shared
+// memory; a stage is SK bytes of its tile's 16 rows, one 2D TMA box. One thread of the producer
+// warp fills every warp's ring, the j-th stage of all warps before the (j + 1)-th, and waits on a
+// stage's `empty` barrier before refilling it; a consumer waits on the stage's `full` barrier
+// (armed with the box's byte count), runs its mmas (four chains of dependent mmas), and arrives
+// on `empty`.
 // The block's x (its split of K, for up to 8 vectors) is copied into shared memory once at the
 // start and stays there; past K it is zero, as is W (the tensor map fills boxes past its bounds
 // with zeros), so the last partial stage adds nothing. int4 puts x into the k order of the B
@@ -44,10 +49,12 @@ struct QuantTmaArgs {  // 64-byte aligned, as CUtensorMap is
   int32_t x_elems;  // elements of x per vector in shared memory: whole stages covering any split
 };
 
-// Dynamic shared memory of a launch: the rings and nv vectors of x_elems elements.
-template <typename T, int CW, int SK, int S>
+// Dynamic shared memory of a launch: the rings, nv vectors of x_elems elements, and for WT > 1
+// two rounds of the partial C tiles (16 bytes a lane) that warps 1..WT-1 of a tile hand over.
+template <typename T, int CW, int SK, int S, int WT>
 constexpr std::size_t quant_tma_smem(int nv, int x_elems) {
-  return std::size_t(CW) * S * 16 * SK + std::size_t(nv) * x_elems * sizeof(T);
+  return std::size_t(CW) * S * 16 * SK + std::size_t(nv) * x_elems * sizeof(T) +
+         std::size_t(2) * (CW / WT) * (WT - 1) * 32 * 16;
 }
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -87,20 +94,19 @@ __device__ __forceinline__ void box(uint32_t dst, const CUtensorMap* map, int c0
 }  // namespace tma
 #endif
 
-template <typename T, int BITS, int THREADS, int SK, int S, Scaling SC>
+template <typename T, int BITS, int THREADS, int SK, int S, int WT, Scaling SC>
 __global__ void __launch_bounds__(THREADS) gemv_quant_tma(const __grid_constant__ QuantTmaArgs p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int CW = THREADS / 32 - 1;  // consumer warps; the last warp produces
+  constexpr int TG = CW / WT;           // tiles a block works on at once (WT warps each)
   constexpr int NV = 8;
   constexpr int WSTAGE = 16 * SK;       // bytes of one stage: SK bytes of 16 rows
   constexpr int ROUNDS = SK / 64;       // quad steps of 64 bytes per stage
   constexpr int VPB = 8 / BITS;         // values per byte of W
   constexpr int XQ = 2 * VPB;           // 16-byte pieces of x per 16-byte chunk of W
   constexpr int MMAS = 4 * VPB;         // mmas per chunk
-  // kGroup: the (round rd, row h) scale of a stage is entry j = 2 rd + h, held by lane j % 4 of
-  // the quad as its entry j / 4, and shuffled to the quad when used.
-  constexpr int MJ = SC == Scaling::kGroup ? ROUNDS / 2 : 1;
   static_assert(CW >= 1 && SK % 128 == 0 && SK <= 2048 && S >= 2, "SK: 128..2048 bytes, two stages or more");
+  static_assert(CW % WT == 0 && (WT == 1 || TG <= 14), "WT divides the consumer warps; barriers 2..15");
   static_assert(SC == Scaling::kRow || SC == Scaling::kGroup, "scales per row or per group of whole rounds");
   using Q = QuantMath<T>;
   extern __shared__ __align__(128) uint8_t quant_tma_ring[];
@@ -124,8 +130,12 @@ __global__ void __launch_bounds__(THREADS) gemv_quant_tma(const __grid_constant_
   const int klen = int(max(int64_t(0), split == a.splits - 1 ? rest : min(rest, a.split_span * 16)));
   const int xlen = klen * VPB;  // values of x in this split
   const int nst = (klen + SK - 1) / SK;
+  // Warp w of a tile (w < WT) takes the tile's stages w, w + WT, ...: ns(w) of them.
+  auto ns = [&](int w) { return nst > w ? (nst - w + WT - 1) / WT : 0; };
   const int64_t tiles = (a.M + 15) / 16;
-  const int64_t per_round = int64_t(gridDim.x) * CW;
+  // Tile of group tg of this block in round n: rounds spread over every block.
+  const int64_t per_round = int64_t(gridDim.x) * TG;
+  auto tile_of = [&](int64_t n, int tg) { return n * per_round + int64_t(tg) * gridDim.x + blockIdx.x; };
   T* xs = reinterpret_cast<T*>(smem + std::size_t(CW) * S * WSTAGE);
 
   if (threadIdx.x == 0) {
@@ -153,20 +163,35 @@ __global__ void __launch_bounds__(THREADS) gemv_quant_tma(const __grid_constant_
           tma::copy(tma::addr(xs + v * p.x_elems + o), X + v * a.x_vec + o,
                     uint32_t(min(16384, xlen - o) * sizeof(T)), xb);
       const int c0 = int(k0 / 8);
-      int cnt = 0;  // stages issued per warp so far (the same for every warp with a tile)
-      for (int64_t n = 0;; ++n) {
-        const int64_t first = n * per_round + blockIdx.x;
-        if (first >= tiles) break;
-        for (int k = 0; k < nst; ++k, ++cnt) {
-          const int s = cnt % S;
+      const int steps = ns(0);  // the most stages any warp of a tile takes
+      uint32_t ring0 = tma::addr(smem), full0 = tma::addr(&full[0][0]), empty0 = tma::addr(&empty[0][0]);
+      // opaque: held in registers, not recomputed (S2UR of the CTA's shared window) for every box
+      asm("" : "+r"(ring0), "+r"(full0), "+r"(empty0));
+      int nsw[WT];  // stages per tile of warp w of a tile
+#pragma unroll
+      for (int w = 0; w < WT; ++w) nsw[w] = ns(w);
+      // Lean: at SK = 256 one thread's issue rate bounds the whole SM (benchmarks/NOTES.md).
+      for (int64_t n = 0; tile_of(n, 0) < tiles; ++n) {
+        for (int j = 0; j < steps; ++j) {  // the j-th stage of every warp before the (j + 1)-th
+          int slot[WT];  // ring slot of stage j of warp w of a tile, and its refill's wait
+          uint32_t parity[WT];
+#pragma unroll
+          for (int w = 0; w < WT; ++w) {
+            const int cnt = int(n) * nsw[w] + j;  // stages issued to the warp before this one
+            slot[w] = cnt % S;
+            parity[w] = cnt >= S ? ((cnt / S) - 1) & 1 : 2u;  // 2: the slot was never used
+          }
+#pragma unroll
           for (int w = 0; w < CW; ++w) {
-            const int64_t tile = first + int64_t(w) * gridDim.x;
-            if (tile >= tiles) break;
-            if (cnt >= S) tma::wait(tma::addr(&empty[w][s]), ((cnt / S) - 1) & 1);
-            const uint32_t fb = tma::addr(&full[w][s]);
-            tma::expect(fb, WSTAGE);
-            tma::box(tma::addr(smem + (w * S + s) * WSTAGE), &p.map, c0 + k * (SK / 8), int(tile * 16),
-                     int(g), fb);
+            const int part = w % WT;
+            const int64_t tile = tile_of(n, w / WT);
+            const int k = part + WT * j;  // the stage of the row span
+            if (tile < tiles && k < nst) {
+              const int at = w * S + slot[part];
+              if (parity[part] != 2u) tma::wait(empty0 + 8 * at, parity[part]);
+              tma::expect(full0 + 8 * at, WSTAGE);
+              tma::box(ring0 + at * WSTAGE, &p.map, c0 + k * (SK / 8), int(tile * 16), int(g), full0 + 8 * at);
+            }
           }
         }
       }
@@ -175,6 +200,9 @@ __global__ void __launch_bounds__(THREADS) gemv_quant_tma(const __grid_constant_
     return;
   }
 
+  const int tg = warp / WT;  // this warp's tile of the block's TG
+  const int part = warp % WT;  // and its stages of the tile: part, part + WT, ...
+  const int nsp = ns(part);
   const int gq = lane / 4;  // rows g and g + 8 of the tile; B column g
   const int t = lane % 4;   // the quad's chunk: bytes 16 t .. 16 t + 15 of each 64-byte step
   const ScaleKind sk(q.scale_dtype);
@@ -186,30 +214,32 @@ __global__ void __launch_bounds__(THREADS) gemv_quant_tma(const __grid_constant_
   const uint32_t magic = Q::kMagic;
   auto clamp_row = [&](int64_t r) { return r < a.M ? r : a.M - 1; };
 
-  // kGroup: this lane's scale and zero-point entries of stage k of a tile (zero past K: the
-  // round's W and x are zero there).
+  // kGroup: the (round rd, row h) scale and zero point of a stage are entry j = 2 rd + h, held by
+  // lane j % 4 of the quad as its entry j / 4 (fetched one stage ahead), shuffled when used.
+  constexpr int MJ = ROUNDS / 2;
   struct Meta {
     float s[MJ];
     uint32_t zp[MJ];
   };
-  auto fetch_meta = [&](Meta& m, int64_t tile, int k) {
-    if constexpr (SC == Scaling::kGroup) {
+  auto fetch_meta = [&](Meta& m, int64_t tile, int k) {  // zero past K (W and x are zero there)
 #pragma unroll
-      for (int i = 0; i < MJ; ++i) {
-        const int j = t + 4 * i, rd = j / 2, h = j % 2;
-        const int64_t r = clamp_row(tile * 16 + gq + 8 * h);
-        const int64_t v = (k0 + int64_t(k) * SK + rd * 64) * VPB;  // the round's first value
-        const bool ok = v < a.K;
-        const int64_t grp = v >> q.group_shift;
-        m.s[i] = ok ? scale_at(S0 + ((r * q.lds + grp) << s_shift), sk) : 0.0f;
-        m.zp[i] = ok && has_zeros ? uint32_t(__ldg(Z0 + r * q.ldz + grp)) & 15u : 8u;
-      }
+    for (int i = 0; i < MJ; ++i) {
+      const int j = t + 4 * i, rd = j / 2, h = j % 2;
+      const int64_t r = clamp_row(tile * 16 + gq + 8 * h);
+      const int64_t v = (k0 + int64_t(k) * SK + rd * 64) * VPB;  // the round's first value
+      const bool ok = v < a.K;
+      const int64_t grp = v >> q.group_shift;
+      m.s[i] = ok ? scale_at(S0 + ((r * q.lds + grp) << s_shift), sk) : 0.0f;
+      m.zp[i] = zero_point(Z0 + r * q.ldz + grp, ok && has_zeros);
     }
   };
   auto quad_entry = [&](auto v, int j) { return __shfl_sync(0xffffffffu, v, (lane & ~3) | (j % 4)); };
+  // Four chains of dependent mmas per tile: mma h of word i of a chunk goes into chain(i, h).
+  auto chain = [](int i, int h) { return BITS == 4 ? 2 * (i % 2) + h : i; };
 
-  Meta cur{}, nxt{};
-  if (nst > 0 && int64_t(warp) * gridDim.x + blockIdx.x < tiles) fetch_meta(cur, int64_t(warp) * gridDim.x + blockIdx.x, 0);
+  [[maybe_unused]] Meta cur{}, nxt{};
+  if constexpr (SC == Scaling::kGroup)
+    if (nsp > 0 && tile_of(0, tg) < tiles) fetch_meta(cur, tile_of(0, tg), part);
   tma::wait(tma::addr(&x_ready), 0);
   if constexpr (BITS == 4) {
     // int4: x in shared memory goes into the k order of the B fragments once (each 8 values
@@ -221,9 +251,11 @@ __global__ void __launch_bounds__(THREADS) gemv_quant_tma(const __grid_constant_
     }
     asm volatile("bar.sync 1, %0;" ::"n"(CW * 32) : "memory");  // the consumer warps only
   }
+  // WT > 1: the partial C tiles of warps 1..WT-1 of each tile, two rounds apart, after the x.
+  float4* const red = reinterpret_cast<float4*>(xs + nv * p.x_elems);
   int cnt = 0;
   for (int64_t n = 0;; ++n) {
-    const int64_t tile = n * per_round + int64_t(warp) * gridDim.x + blockIdx.x;
+    const int64_t tile = tile_of(n, tg);
     if (tile >= tiles) break;
     int64_t row[2];
     uint32_t row_blo[2] = {0u, 0u}, row_bhi[2] = {0u, 0u};
@@ -231,15 +263,16 @@ __global__ void __launch_bounds__(THREADS) gemv_quant_tma(const __grid_constant_
     for (int h = 0; h < 2; ++h) {
       row[h] = tile * 16 + gq + 8 * h;
       if constexpr (BITS == 4 && SC == Scaling::kRow)
-        Q::int4_bias(has_zeros ? uint32_t(__ldg(Z0 + clamp_row(row[h]) * q.ldz)) & 15u : 8u, row_blo[h], row_bhi[h]);
+        Q::int4_bias(zero_point(Z0 + clamp_row(row[h]) * q.ldz, has_zeros), row_blo[h], row_bhi[h]);
     }
-    float acc[2][4] = {};
-    for (int k = 0; k < nst; ++k, ++cnt) {
+    float acc[4][4] = {};
+    for (int j = 0; j < nsp; ++j, ++cnt) {
+      const int k = part + WT * j;  // the stage of the row span
       const int s = cnt % S;
       if constexpr (SC == Scaling::kGroup) {  // the next stage's scales, one stage ahead
-        const bool more = k + 1 < nst;
-        const int64_t nt = more ? tile : tile + per_round;
-        if (nt < tiles) fetch_meta(nxt, nt, more ? k + 1 : 0);
+        const bool more = j + 1 < nsp;
+        const int64_t nt = more ? tile : tile_of(n + 1, tg);
+        if (nt < tiles) fetch_meta(nxt, nt, more ? k + WT : part);
       }
       tma::wait(tma::addr(&full[warp][s]), (cnt / S) & 1);
       const uint8_t* st = smem + (warp * S + s) * WSTAGE;
@@ -265,32 +298,56 @@ __global__ void __launch_bounds__(THREADS) gemv_quant_tma(const __grid_constant_
         }
         const uint4 w0 = *reinterpret_cast<const uint4*>(st + gq * SK + kb);
         const uint4 w1 = *reinterpret_cast<const uint4*>(st + (gq + 8) * SK + kb);
-        uint32_t blo[2] = {row_blo[0], row_blo[1]}, bhi[2] = {row_bhi[0], row_bhi[1]};
-        float rs[2] = {0.0f, 0.0f};
         if constexpr (SC == Scaling::kGroup) {
+          // the round's own tile, scaled into acc
+          uint32_t blo[2] = {0u, 0u}, bhi[2] = {0u, 0u};
+          float rs[2];
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
-            const int j = 2 * rd + h;
-            rs[h] = quad_entry(cur.s[j / 4], j);
-            if constexpr (BITS == 4) Q::int4_bias(quad_entry(cur.zp[j / 4], j), blo[h], bhi[h]);
+            const int e = 2 * rd + h;
+            rs[h] = quad_entry(cur.s[e / 4], e);
+            if constexpr (BITS == 4) Q::int4_bias(quad_entry(cur.zp[e / 4], e), blo[h], bhi[h]);
           }
-        }
-        // kGroup: the round's own tile, scaled into acc below; kRow: straight into acc.
-        float tl[2][4] = {};
+          float tl[4][4] = {};
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {  // word i of the chunk
-          uint32_t lo[MMAS / 2], hi[MMAS / 2];
-          dequant_word<T, BITS>(word_of(w0, i), word_of(w1, i), magic, blo, bhi, lo, hi);
-          word_mmas<T, BITS>(SC == Scaling::kGroup ? tl[i % 2] : acc[i % 2], lo, hi, b, i);
-        }
-        if constexpr (SC == Scaling::kGroup) {
+          for (int i = 0; i < 4; ++i) {  // word i of the chunk
+            uint32_t lo[MMAS / 2], hi[MMAS / 2];
+            dequant_word<T, BITS>(word_of(w0, i), word_of(w1, i), magic, blo, bhi, lo, hi);
+            word_mmas<T, BITS>(tl[chain(i, 0)], tl[chain(i, 1)], lo, hi, b, i);
+          }
 #pragma unroll
-          for (int j = 0; j < 4; ++j) acc[0][j] = fmaf(rs[j / 2], tl[0][j] + tl[1][j], acc[0][j]);
+          for (int e = 0; e < 4; ++e)
+            acc[0][e] = fmaf(rs[e / 2], (tl[0][e] + tl[1][e]) + (tl[2][e] + tl[3][e]), acc[0][e]);
+        } else {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            uint32_t lo[MMAS / 2], hi[MMAS / 2];
+            dequant_word<T, BITS>(word_of(w0, i), word_of(w1, i), magic, row_blo, row_bhi, lo, hi);
+            word_mmas<T, BITS>(acc[chain(i, 0)], acc[chain(i, 1)], lo, hi, b, i);
+          }
         }
       }
       __syncwarp();
       if (lane == 0) tma::arrive(tma::addr(&empty[warp][s]));
       if constexpr (SC == Scaling::kGroup) cur = nxt;
+    }
+    // C tile: [0..1] row g, columns 2t and 2t + 1; [2..3] the same for row g + 8.
+    float c[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) c[e] = (acc[0][e] + acc[1][e]) + (acc[2][e] + acc[3][e]);
+    if constexpr (WT > 1) {  // warps 1..WT-1 hand their tiles to warp 0, in a fixed order
+      float4* slot = red + ((int(n & 1) * TG + tg) * (WT - 1)) * 32 + lane;
+      if (part > 0) slot[(part - 1) * 32] = make_float4(c[0], c[1], c[2], c[3]);
+      asm volatile("bar.sync %0, %1;" ::"r"(2 + tg), "n"(WT * 32) : "memory");
+      if (part > 0) continue;
+#pragma unroll
+      for (int w = 1; w < WT; ++w) {
+        const float4 o = slot[(w - 1) * 32];
+        c[0] += o.x;
+        c[1] += o.y;
+        c[2] += o.z;
+        c[3] += o.w;
+      }
     }
     // kRow: the rows' scales, loaded only now: loaded before the stages (when every SM's first
     // TMA requests are queued) they cost 0.75 us at 8192 x 8192 on an H200 (benchmarks/NOTES.md).
@@ -299,12 +356,11 @@ __global__ void __launch_bounds__(THREADS) gemv_quant_tma(const __grid_constant_
 #pragma unroll
       for (int h = 0; h < 2; ++h) scale[h] = scale_at(S0 + ((clamp_row(row[h]) * q.lds) << s_shift), sk);
     }
-    // C tile: [0..1] row g, columns 2t and 2t + 1; [2..3] the same for row g + 8.
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int64_t m = row[j / 2];
-      const int v = 2 * t + (j % 2);
-      if (m < a.M && v < nv) store_output<T>(a, split, g, v0 + v, m, (acc[0][j] + acc[1][j]) * scale[j / 2]);
+    for (int e = 0; e < 4; ++e) {
+      const int64_t m = row[e / 2];
+      const int v = 2 * t + (e % 2);
+      if (m < a.M && v < nv) store_output<T>(a, split, g, v0 + v, m, c[e] * scale[e / 2]);
     }
   }
   pdl_trigger();
