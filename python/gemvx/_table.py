@@ -26,8 +26,8 @@ naming any other id, or a config of the wrong layout, is rejected at load with V
 
 Weight-only quantised calls are tabulated under a dtype key that names the weight format and x's
 dtype, ``int{bits}{g<group size>|c}-{x dtype}`` (e.g. ``"int4g128-float16"``, ``"int8c-bfloat16"``
-for per-channel scales), always layout N, and must name configs of the Quant families (Quant, QuantTma); dense keys
-must name dense configs. A quantised call with no entry for its key gets
+for per-channel scales), always layout N, and must name configs of the Quant families (Quant,
+QuantTma); dense keys must name dense configs. A quantised call with no entry for its key gets
 :func:`fallback_quant_rules`.
 """
 
