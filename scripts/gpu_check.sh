@@ -7,7 +7,7 @@
 # benchmarks' output), bench.json, bench_quant.json: eight files.
 # GEMVX_SKIP_BENCH=1 skips the benchmark. GEMVX_CHECK_PART=tests (build, tests, SASS check) or
 # sanitizers (build, SASS check, sanitizers) runs half of it, where the whole does not fit one
-# 10-minute run (a cold build takes about 3 minutes, the tests about 7 on an H200); either half
+# 10-minute run (a cold build takes about 1 minute, the tests about 9 on an H200); either half
 # skips the benchmark. Exit status is non-zero if any step failed.
 set -uo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)

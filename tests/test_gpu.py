@@ -120,7 +120,7 @@ def prepared_for(cp: Any, W: Any, x: Any, out: Any, transpose: bool) -> Any:
 
 
 def vector_eligible(prep: Any, itemsize: int) -> bool:
-    """Mirror of ``vector_ok`` in cc/gemvx/launch.cu: may the 16-byte body run?"""
+    """Mirror of ``vector_ok`` in cc/gemvx/launch_impl.cuh: may the 16-byte body run?"""
     def s16(stride: int, extent: int) -> bool:
         return extent <= 1 or (stride * itemsize) % 16 == 0
 

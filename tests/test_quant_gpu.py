@@ -70,7 +70,7 @@ def run_checked(cp: Any, q: gemvx.QuantizedWeight, x: np.ndarray, *, q_d: Any = 
 
 
 def vector_eligible(prep: Any) -> bool:
-    """Mirror of quant_vector_ok in cc/gemvx/launch.cu: may the 16-byte loads run?"""
+    """Mirror of quant_vector_ok in cc/gemvx/launch_impl.cuh: may the 16-byte loads run?"""
     p, (w_ptr, x_ptr, _y, _yin) = prep.problem, prep.ptrs
     xs = 2  # float16 / bfloat16 x
 
