@@ -1,7 +1,6 @@
 // Problem + config id + stream -> the instantiated kernel. The config list in configs.h is expanded
 // into the instantiations (launch_part.cuh, in kLaunchParts translation units) and the dispatch
 // below, so the two cannot drift.
-#include <array>
 #include <utility>
 
 #include "launch_impl.cuh"
@@ -40,14 +39,14 @@ const ConfigInfo* find_config(int id) {
 
 int effective_splits(const Problem& p, int config, int splits) {
   if (p.K == 0) return 0;
-int s = 1;
+  int s = 1;
   on_part(config, [&](auto part) { return part_splits<decltype(part)::value>(config, p, splits, &s); });
   return s;
 }
 
 bool uses_tma(const Problem& p, int config, int splits) {
   if (p.M <= 0 || p.K <= 0 || p.groups <= 0 || p.nvec <= 0 || p.W == nullptr) return false;
-bool t = false;
+  bool t = false;
   on_part(config, [&](auto part) { return part_tma<decltype(part)::value>(config, p, splits, &t); });
   return t;
 }
@@ -80,7 +79,7 @@ Status launch(const Problem& p, int config, int splits, void* ws, std::size_t ws
     }
     return {Code::kInvalidArgument, 0};
   }
-Status r{Code::kInvalidConfig, 0};
+  Status r{Code::kInvalidConfig, 0};
   on_part(config, [&](auto part) {
     return part_run<decltype(part)::value>(config, p, splits, ws, ws_size, stream, &r);
   });

@@ -22,7 +22,8 @@ bool part_call(int id, Op&& op) {
 #define GEMVX_CASE(cid, fam, th, p1, p2, u, nv)                                        \
   case cid:                                                                            \
     if constexpr (part_of(cid) == PART) {                                              \
-      op(FamilyTag<typename std::conditional<PART >= 0, fam<th, p1, p2, u, nv>, void>::type>{}); \
+      using F = typename std::conditional<PART >= 0, fam<th, p1, p2, u, nv>, void>::type; \
+      op(FamilyTag<F>{});                                                              \
       return true;                                                                     \
     } else {                                                                           \
       return false;                                                                    \
