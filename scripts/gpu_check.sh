@@ -26,8 +26,8 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$OUTD
 
 # Run from outside the checkout so the installed package is what gets imported.
 cd /tmp || exit 1
-# The sanitizers run beside the tests (nothing here is timed), to fit the whole check in one
-# 10-minute run; their results are collected after the SASS check.
+# The sanitizers run beside the tests (nothing here is timed); their results are collected after
+# the SASS check.
 PART=${GEMVX_CHECK_PART:-all}
 case $PART in all|tests|sanitizers) ;; *) echo "GEMVX_CHECK_PART: all, tests or sanitizers, not $PART"; exit 2;; esac
 SANITIZERS="memcheck racecheck"
