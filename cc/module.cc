@@ -139,10 +139,19 @@ NB_MODULE(_ext, m) {
   m.def(
       "uses_tma",
       [](const Problem& plan, uintptr_t W, uintptr_t scales, uintptr_t x, int config, int splits) {
-        return gemvx::uses_tma(with_quant_operands(plan, W, scales, 0, x, 0, 0, 1.0f, 0.0f), config, splits);
+        const Problem p = with_quant_operands(plan, W, scales, 0, x, 0, 0, 1.0f, 0.0f);
+        return (gemvx::launch_paths(p, config, splits) & gemvx::kPathTma) != 0;
       },
       nb::arg("plan"), nb::arg("W"), nb::arg("scales"), nb::arg("x"), nb::arg("config"), nb::arg("splits"),
       "Whether launching this quantised plan with a QuantTma config runs the TMA kernel (for tests).");
+  m.def(
+      "uses_prefetch",
+      [](const Problem& plan, uintptr_t W, uintptr_t x, int config, int splits) {
+        const Problem p = with_operands(plan, W, x, 0, 0, 1.0f, 0.0f);
+        return (gemvx::launch_paths(p, config, splits) & gemvx::kPathPrefetch) != 0;
+      },
+      nb::arg("plan"), nb::arg("W"), nb::arg("x"), nb::arg("config"), nb::arg("splits"),
+      "Whether launching this dense plan prefetches its first W into L2 before waiting (for tests).");
   m.def("status_message", [](int code) { return std::string(gemvx::status_message(gemvx::Code(code))); });
   m.def("cuda_error_string", [](int err) {
     return std::string(cudaGetErrorName(cudaError_t(err))) + ": " +

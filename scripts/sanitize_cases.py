@@ -79,6 +79,17 @@ def main() -> int:
                 check(rand(shape, dt), rand((K,), dt), tr, out=rand((M,), dt), alpha=0.5, beta=-2.0)
             check(rand((3, 1, 33, 65), dt), rand((4, 33 if tr else 65), dt), tr)
             check(rand((1, 3, 33, 65), dt), rand((5, 3, 33 if tr else 65), dt), tr)
+    # The L2 prefetch before the wait (a config of each Prefetch family; all of them run above) at
+    # 16 MiB of W: the 16-byte-load and the unaligned variants, split-K.
+    first = {}
+    for c in gemvx.configs():
+        if c["family"].endswith("Prefetch"):
+            first.setdefault(c["family"], c["id"])
+    for cid in first.values():
+        for aligned, (M, K) in ((True, (2048, 4096)), (False, (2049, 4097))):
+            for splits in (1, 2):
+                check(rows_view(host((M, K), cp.float16), aligned), rows_view(host((K,), cp.float16), aligned),
+                      False, (cid, splits))
     y = gemvx.cupy_gemv(cp.zeros((5, 0), cp.float32), cp.zeros((0,), cp.float32))
     count += 1
     if not bool(cp.all(y == 0)):

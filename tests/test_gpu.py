@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 from typing import Any
 
 import numpy as np
@@ -517,6 +518,78 @@ def test_graph_capture_records_the_launch(cp: Any, rng: np.random.Generator) -> 
     graph.launch(stream)
     stream.synchronize()
     assert_gemv_close(cp.asnumpy(out), W, x)
+
+
+# Configs whose kernel prefetches its first W into L2 before it waits on the previous kernel.
+PREFETCHING = [c["id"] for c in CONFIGS if c["family"].endswith("Prefetch")]
+PREFETCH_SHAPE = (2048, 4096)  # float16: 16 MiB, W of the size where the table takes them
+
+
+def uses_prefetch(cp: Any, W: Any, x: Any, out: Any, config: int) -> bool:
+    prep = prepared_for(cp, W, x, out, False)
+    return bool(_ext.uses_prefetch(prep.problem, prep.ptrs[0], prep.ptrs[1], config, 1))
+
+
+@pytest.mark.parametrize("cfg_id", [c["id"] for c in CONFIGS])
+def test_reads_what_the_call_before_wrote(cp: Any, rng: np.random.Generator, cfg_id: int) -> None:
+    """Back-to-back calls on one stream, with no synchronisation: the config under test reads as
+    W what the call before it wrote, and the call after it reads its result as x; eagerly, then
+    replayed from a CUDA graph with every result re-poisoned. A kernel that starts early
+    (programmatic dependent launch, L2 prefetch before its wait) must never see the NaN that the
+    buffers held before. W is large enough for the prefetch where the config can take it."""
+    cfg = CONFIG_BY_ID[cfg_id]
+    transpose = cfg["layout"] == "T"
+    dtype = "float16"
+    M2, K2 = PREFETCH_SHAPE if cfg_id in PREFETCHING else (40, 1032)
+    B, K1, M3 = 3, 64, 24
+    plain = PLAIN["N"]  # one kernel each, no workspace: nothing is allocated while capturing
+    W1 = random_array(rng, (K2, K1), dtype)
+    x1 = random_array(rng, (M2, K1), dtype) / 8  # results of about 1: no float16 overflow
+    x2 = random_array(rng, (B, K2), dtype) / 64
+    W3 = random_array(rng, (M3, M2), dtype)
+    W1_d, x1_d, x2_d, W3_d = (cp.asarray(a) for a in (W1, x1, x2, W3))
+    y1 = cp.asarray(poisoned((M2, K2), W1.dtype))  # as W of the call under test: (M2, K2) or (K2, M2)
+    y2 = cp.asarray(poisoned((B, M2), W1.dtype))
+    y3 = cp.asarray(poisoned((B, M3), W1.dtype))
+    W2_d = y1.reshape(stored_shape(M2, K2, transpose))
+
+    def calls() -> None:
+        gemvx.cupy_gemv(W1_d, x1_d, y1, config=plain)
+        gemvx.cupy_gemv(W2_d, x2_d, y2, transpose=transpose, config=cfg_id)
+        gemvx.cupy_gemv(W3_d, y2, y3, config=plain)
+
+    def check() -> None:
+        got1, got2, got3 = (cp.asnumpy(y) for y in (y1, y2, y3))
+        assert_gemv_close(got1, W1, x1)
+        assert_gemv_close(got2, got1.reshape(stored_shape(M2, K2, transpose)), x2, transpose=transpose)
+        assert_gemv_close(got3, W3, got2)
+
+    calls()
+    cp.cuda.Device().synchronize()
+    check()
+    stream, graph = capture(cp, calls)
+    for _ in range(3):
+        for y in (y1, y2, y3):
+            y[...] = cp.asarray(poisoned(y.shape, W1.dtype))
+        cp.cuda.Device().synchronize()
+        graph.launch(stream)
+        stream.synchronize()
+        check()
+
+
+def test_prefetch_path_is_exercised(cp: Any, rng: np.random.Generator) -> None:
+    """On Hopper, where programmatic dependent launch is on, the Prefetch configs take the L2
+    prefetch (so the test above runs it) and no other config does; elsewhere none does."""
+    assert len(PREFETCHING) >= 2 and all(CONFIG_BY_ID[c]["layout"] == "N" for c in PREFETCHING)
+    on = int(cp.cuda.Device().compute_capability) >= 90 and os.environ.get("GEMVX_PDL", "1") != "0"
+    M, K = PREFETCH_SHAPE
+    W = cp.asarray(random_array(rng, (M, K), "float16"))
+    x = cp.asarray(random_array(rng, (K,), "float16"))
+    out = cp.empty((M,), dtype=W.dtype)
+    for shape in ((M, K), (37, 1031)):
+        Wv, xv, ov = W[:shape[0], :shape[1]], x[:shape[1]], out[:shape[0]]
+        takes = {c["id"]: uses_prefetch(cp, Wv, xv, ov, c["id"]) for c in CONFIGS if c["layout"] == "N"}
+        assert {c for c, t in takes.items() if t} == (set(PREFETCHING) if on else set()), (shape, takes)
 
 
 class CudaArrayInterfaceOnly:

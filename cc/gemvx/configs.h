@@ -9,6 +9,10 @@
 //              meet in a shuffle/shared-memory reduction), P2 = rows per thread.
 //   RowMajorPipelined: the same, with the next step's loads issued before the current step's
 //              math (more registers, loads always ahead); wins on many fp32 and small shapes.
+//   RowMajorPrefetch, RowMajorPipelinedPrefetch: RowMajor and RowMajorPipelined (the same
+//              kernels), whose blocks resident from the start ask L2 for their first rows of W
+//              before they wait on the previous kernel (programmatic dependent launch): for the
+//              table to take where that pays (kernels/common.cuh, rowmajor_start).
 //   RowMajorMma: several vectors on tensor cores (fp16/bf16; kernels/gemv_mma.cuh). P1 = 4 x the
 //              warps that split K (the other warps take more rows), P2 = 8-row tiles per warp,
 //              NV = 16.
@@ -109,6 +113,13 @@
   X(76, TransposedTile, 128, 32, 8, 3, 16) \
   X(77, TransposedTile, 128, 16, 4, 6, 16) \
   X(78, TransposedTile, 256, 32, 4, 6, 16) \
+  X(79, RowMajorPrefetch, 256, 32, 1, 4, 1) \
+  X(80, RowMajorPrefetch, 256, 128, 1, 4, 1) \
+  X(81, RowMajorPrefetch, 64, 32, 1, 4, 1) \
+  X(82, RowMajorPrefetch, 64, 64, 1, 4, 1) \
+  X(83, RowMajorPrefetch, 128, 128, 1, 4, 1) \
+  X(84, RowMajorPipelinedPrefetch, 128, 128, 1, 4, 1) \
+  X(85, RowMajorPipelinedPrefetch, 64, 64, 1, 4, 1) \
   X(100, Quant, 128, 4, 1, 2, 8)              \
   X(101, Quant, 128, 4, 1, 4, 8)              \
   X(102, Quant, 128, 4, 2, 2, 8)              \

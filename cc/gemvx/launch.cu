@@ -44,10 +44,10 @@ int effective_splits(const Problem& p, int config, int splits) {
   return s;
 }
 
-bool uses_tma(const Problem& p, int config, int splits) {
-  if (p.M <= 0 || p.K <= 0 || p.groups <= 0 || p.nvec <= 0 || p.W == nullptr) return false;
-  bool t = false;
-  on_part(config, [&](auto part) { return part_tma<decltype(part)::value>(config, p, splits, &t); });
+int launch_paths(const Problem& p, int config, int splits) {
+  if (p.M <= 0 || p.K <= 0 || p.groups <= 0 || p.nvec <= 0 || p.W == nullptr) return 0;
+  int t = 0;
+  on_part(config, [&](auto part) { return part_paths<decltype(part)::value>(config, p, splits, &t); });
   return t;
 }
 

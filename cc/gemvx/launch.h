@@ -31,9 +31,12 @@ const ConfigInfo* find_config(int id);
 // Splits the launcher will really use for this problem (<= requested; 1 means no split-K).
 int effective_splits(const Problem& p, int config, int splits);
 
-// Whether launching this quantised problem with a QuantTma config runs the TMA kernel
-// (kernels/gemv_quant_tma.cuh) on the current device, rather than its fallback. For tests.
-bool uses_tma(const Problem& p, int config, int splits);
+// The paths a launch of this problem with this config takes on the current device, for tests:
+// kPathTma: a QuantTma config runs the TMA kernel (kernels/gemv_quant_tma.cuh), not its fallback;
+// kPathPrefetch: the kernel asks L2 for its first W before it waits on the previous kernel
+// (kernels/common.cuh, Args::prefetch_blocks).
+constexpr int kPathTma = 1, kPathPrefetch = 2;
+int launch_paths(const Problem& p, int config, int splits);
 
 // Workspace bytes the launch needs (0 when it does not split K).
 std::size_t workspace_bytes(const Problem& p, int config, int splits);

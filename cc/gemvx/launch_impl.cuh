@@ -1,5 +1,5 @@
 // The launcher's machinery, shared by launch.cu and the launch_part translation units: device
-// facts, the config families (how a config maps onto a kernel and a grid), and run / tma_for /
+// facts, the config families (how a config maps onto a kernel and a grid), and run / paths_for /
 // splits_for of one family. The per-config instantiations (the kernels) are compiled in
 // kLaunchParts translation units (launch_part.cu.in, one per part, in parallel); launch.cu
 // dispatches to them by config id.
@@ -90,6 +90,33 @@ void launch_kernel(void (*kernel)(P...), dim3 grid, int threads, cudaStream_t s,
   cudaLaunchKernelEx(&cfg, kernel, a);
 }
 
+// Args::prefetch_blocks for a launch of the row-major kernel `Kernel` by a Prefetch config
+// (kernels/common.cuh: the blocks resident from the start ask L2 for their first rows of W before
+// they wait on the previous kernel): as many blocks as fit on the GPU at once, where programmatic
+// dependent launch is on; else 0. The blocks of later waves start after the previous kernel has
+// ended, so the prologue would only cost them time (H200, fp16 128256x4096, config 16 with every
+// block prefetching: 231 -> 247 us; benchmarks/NOTES.md).
+template <auto Kernel>
+int32_t prefetch_blocks(dim3 grid, int threads) {
+  if (!pdl_enabled()) return 0;
+  const DeviceInfo& d = device_info();
+  if (d.id < 0 || d.sms <= 0) return 0;
+  // Blocks of Kernel resident per SM, + 1 (0: not asked yet), per device.
+  static std::atomic<int32_t> per_sm[64] = {};
+  int32_t n = per_sm[d.id].load(std::memory_order_relaxed);
+  if (n == 0) {
+    int blocks = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, Kernel, threads, 0) != cudaSuccess) {
+      cudaGetLastError();
+      blocks = 0;
+    }
+    n = blocks + 1;
+    per_sm[d.id].store(n, std::memory_order_relaxed);
+  }
+  const int64_t total = int64_t(grid.x) * grid.y * grid.z;
+  return int32_t(std::min<int64_t>(total, int64_t(n - 1) * d.sms));
+}
+
 // Whether `kernel` can run with `bytes` of dynamic shared memory on the current device. More than
 // 48 KiB must be allowed once per kernel and device; `state` (one entry per device, owned by the
 // caller for its kernel) remembers 1 = allowed, -1 = more than the device offers (the caller then
@@ -112,16 +139,19 @@ bool smem_ok(K kernel, int bytes, std::atomic<int8_t> (&state)[64]) {
 }
 
 // KIND: 0 = CUDA cores, 1 = CUDA cores with software-pipelined loads, 2 = tensor cores (gemv_mma)
-// for 16-bit types on the 16-byte body, 3 = the same with software-pipelined loads; fp32 and the
-// scalar variant of a tensor-core config run the CUDA-core kernel with the same rows, lanes and
-// splits (one 16-byte load per row in flight).
+// for 16-bit types on the 16-byte body, 3 = the same with software-pipelined loads, 4 and 5 = 0
+// and 1 with the L2 prefetch before the wait (Args::prefetch_blocks); fp32 and the scalar variant
+// of a tensor-core config run the CUDA-core kernel with the same rows, lanes and splits (one
+// 16-byte load per row in flight).
 template <int KIND, int THREADS, int TPR, int R, int U, int NV>
 struct RowMajorFamily {
-  static constexpr bool kMma = KIND >= 2;
+  static constexpr bool kMma = KIND == 2 || KIND == 3;
   static_assert(!kMma || (TPR % 4 == 0 && THREADS % (8 * TPR) == 0 && NV == 16),
                 "tensor-core configs: P1 = 4 x warps along K, whole warps along M, 16 vectors");
   static constexpr bool kTrans = false;
-  static constexpr bool kPipelined = KIND == 1 || KIND == 3;
+  static constexpr bool kPipelined = KIND == 1 || KIND == 3 || KIND == 5;
+  static constexpr bool kPrefetch = KIND >= 4;
+  static_assert(!kPrefetch || NV == 1, "Prefetch configs: one vector (the kernel's prologue is for NV = 1)");
   static constexpr bool kTensorCores = kMma;
   static constexpr int kThreads = THREADS, kNV = NV;
   // K is cut into 16-byte chunks (elements in the scalar variant).
@@ -129,13 +159,26 @@ struct RowMajorFamily {
   static int64_t min_units_per_split() { return int64_t(TPR) * U; }
   static int64_t round_span(int64_t s) { return (s + TPR - 1) / TPR * TPR; }
   static int64_t grid_x(const Problem& p, int) { return (p.M + THREADS / TPR * R - 1) / (THREADS / TPR * R); }
+  // The CUDA-core kernel of the family (fp32 and the scalar variant of tensor-core configs too).
+  template <typename T, bool VEC>
+  static constexpr auto kCudaCores = kernels::gemv_rowmajor<T, THREADS, TPR, R, kMma ? 1 : U, NV, kPipelined && !kMma, VEC>;
+  // Args::prefetch_blocks of a launch (Prefetch configs only).
+  template <typename T, bool VEC>
+  static int32_t prefetching(dim3 grid) {
+    if constexpr (kPrefetch)
+      return prefetch_blocks<kCudaCores<T, VEC>>(grid, THREADS);
+    else
+      return 0;
+  }
   template <typename T, bool VEC>
   static void launch(dim3 grid, cudaStream_t s, const Args& a) {
-    if constexpr (kMma && VEC && sizeof(T) == 2)
+    if constexpr (kMma && VEC && sizeof(T) == 2) {
       launch_kernel(kernels::gemv_mma<T, THREADS, TPR, R, U, KIND == 3>, grid, THREADS, s, a);
-    else
-      launch_kernel(kernels::gemv_rowmajor<T, THREADS, TPR, R, kMma ? 1 : U, NV, KIND == 1, VEC>,
-                    grid, THREADS, s, a);
+    } else {
+      Args b = a;
+      b.prefetch_blocks = prefetching<T, VEC>(grid);
+      launch_kernel(kCudaCores<T, VEC>, grid, THREADS, s, b);
+    }
   }
 };
 template <int THREADS, int TPR, int R, int U, int NV>
@@ -146,6 +189,10 @@ template <int THREADS, int TPR, int R, int U, int NV>
 using RowMajorMma = RowMajorFamily<2, THREADS, TPR, R, U, NV>;
 template <int THREADS, int TPR, int R, int U, int NV>
 using RowMajorMmaPipelined = RowMajorFamily<3, THREADS, TPR, R, U, NV>;
+template <int THREADS, int TPR, int R, int U, int NV>
+using RowMajorPrefetch = RowMajorFamily<4, THREADS, TPR, R, U, NV>;
+template <int THREADS, int TPR, int R, int U, int NV>
+using RowMajorPipelinedPrefetch = RowMajorFamily<5, THREADS, TPR, R, U, NV>;
 
 // MMA = false: CUDA cores, P2 = 1. MMA = true: tensor cores (gemv_mma_t) for 16-bit types on the
 // 16-byte body, P2 = 32-column tiles per warp, PIPE: software-pipelined W loads; fp32 and the
@@ -683,6 +730,41 @@ bool tma_for(const Problem& p, int splits) {
   }
 }
 
+// Whether the launch of a config would ask L2 for its first W before waiting (Args::prefetch_blocks).
+template <typename Fam>
+bool prefetch_for(const Problem& p, int splits) {
+  if constexpr (IsQuant<Fam>::value || Fam::kTrans || Fam::kTensorCores) {
+    return false;
+  } else if constexpr (!Fam::kPrefetch) {
+    return false;
+  } else {
+    if (p.trans || p.wbits != 0 || p.K == 0) return false;
+    auto flags = [&](auto t) {
+      using T = decltype(t);
+      const bool vec = vector_ok(p);
+      Args a = make_args(p);
+      const int64_t gx = plan_grid<Fam, T>(p, vec, splits, a);
+      const dim3 grid(unsigned(gx), unsigned(a.splits), unsigned(std::min(kMaxGridZ, p.groups * a.vchunks)));
+      return vec ? Fam::template prefetching<T, true>(grid) : Fam::template prefetching<T, false>(grid);
+    };
+    switch (p.dtype) {
+      case DType::kFloat32:
+        return flags(float{}) != 0;
+      case DType::kFloat16:
+        return flags(__half{}) != 0;
+      case DType::kBFloat16:
+        return flags(__nv_bfloat16{}) != 0;
+    }
+    return false;
+  }
+}
+
+// The launch paths of a config for a problem (launch.h: kPathTma, kPathPrefetch).
+template <typename Fam>
+int paths_for(const Problem& p, int splits) {
+  return (tma_for<Fam>(p, splits) ? kPathTma : 0) | (prefetch_for<Fam>(p, splits) ? kPathPrefetch : 0);
+}
+
 template <typename Fam>
 int splits_for(const Problem& p, int splits) {
   int64_t span;
@@ -705,7 +787,7 @@ bool part_run(int id, const Problem& p, int splits, void* ws, std::size_t ws_siz
 template <int PART>
 bool part_splits(int id, const Problem& p, int splits, int* out);
 template <int PART>
-bool part_tma(int id, const Problem& p, int splits, bool* out);
+bool part_paths(int id, const Problem& p, int splits, int* out);
 
 }  // namespace detail
 }  // namespace gemvx

@@ -48,8 +48,8 @@ bool part_splits(int id, const Problem& p, int splits, int* out) {
 }
 
 template <int PART>
-bool part_tma(int id, const Problem& p, int splits, bool* out) {
-  return part_call<PART>(id, [&](auto f) { *out = tma_for<typename decltype(f)::type>(p, splits); });
+bool part_paths(int id, const Problem& p, int splits, int* out) {
+  return part_call<PART>(id, [&](auto f) { *out = paths_for<typename decltype(f)::type>(p, splits); });
 }
 
 }  // namespace detail

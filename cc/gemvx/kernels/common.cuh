@@ -26,6 +26,7 @@ struct Args {
   int64_t z_offset;    // first (group, vector-chunk) index of this launch
   int32_t splits;      // 1: write y directly; >1: write partial sums to ws
   int32_t vchunks;     // ceil(nvec / NV)
+  int32_t prefetch_blocks;  // the first blocks (in launch order) that prefetch W: rowmajor_start
   float alpha, beta;
 };
 
@@ -103,9 +104,9 @@ __device__ __forceinline__ T load_keep(const T* p) {
 }
 
 // Programmatic dependent launch (Hopper and newer). pdl_wait() waits until the previous kernel on
-// the stream has finished and its writes are visible; every kernel calls it first, before touching
-// global memory, so reads and writes stay ordered as on a plain stream. pdl_trigger() lets the
-// next kernel be scheduled (its blocks then wait in their own pdl_wait), so its launch latency
+// the stream has finished and its writes are visible; every kernel calls it before it reads or
+// writes global memory, so reads and writes stay ordered as on a plain stream. pdl_trigger() lets
+// the next kernel be scheduled (its blocks then wait in their own pdl_wait), so its launch latency
 // overlaps this kernel's tail. The GEMV kernels trigger once their W loads are done: triggering at
 // the start made transposed shapes up to 15% slower on an H200 (the waiting blocks of the next
 // kernel then sit on the SMs for the whole run), triggering late costs nothing on row-major ones
@@ -150,6 +151,44 @@ struct BlockWork {
     X = static_cast<const T*>(a.x) + g * a.x_group + v0 * a.x_vec;
   }
 };
+
+// Args::prefetch_blocks: before pdl_wait(), each of the grid's first prefetch_blocks blocks (the
+// ones resident from the start) asks L2 for the bytes of W that its first loads read, so their
+// DRAM latency overlaps the previous kernel's tail instead of following it (the launcher decides
+// when: launch_impl.cuh, prefetch_blocks). This is safe whatever the previous kernel writes: a
+// prefetch moves nothing into registers, shared memory or L1, and L2 is the GPU's point of
+// coherence, so a line written after it was prefetched is updated in L2 before the loads after
+// pdl_wait() read it. x is not prefetched: every block reads the same x, and as many prefetches
+// of the same few lines as there are blocks made large shapes up to 2.4 times slower
+// (benchmarks/NOTES.md).
+//
+// The prologue of the row-major kernel, called before pdl_wait() when Args::prefetch_blocks is
+// not 0: one bulk L2 prefetch (Hopper's TMA unit: one instruction whatever the size) of each of
+// the block's ROWS rows of W, SPAN 16-byte chunks (elements when !VEC) from its split's first,
+// spread over the threads. A range is widened to whole 16-byte granules, as the instruction
+// needs; a granule that holds a byte of an allocation lies inside it. Not inlined, so the
+// kernel's own code and register allocation stay as they are without it.
+template <typename T, int ROWS, int SPAN, bool VEC>
+__device__ __noinline__ void rowmajor_start(const Args* a) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const int64_t block = blockIdx.x + int64_t(gridDim.x) * (blockIdx.y + int64_t(gridDim.y) * blockIdx.z);
+  if (block >= a->prefetch_blocks) return;
+  constexpr int UNIT = VEC ? int(16 / sizeof(T)) : 1;  // elements per K unit
+  const BlockWork<T, 1> bw(*a);
+  const int64_t units = a->K / UNIT;
+  const int64_t c0 = min(int64_t(bw.split) * a->split_span, units);
+  const int64_t bytes = min(min(int64_t(SPAN), a->split_span), units - c0) * UNIT * int64_t(sizeof(T));
+  const int64_t row0 = int64_t(blockIdx.x) * ROWS;
+  const uintptr_t first = reinterpret_cast<uintptr_t>(bw.W + row0 * a->ldw + c0 * UNIT);
+  const int64_t rows = min(int64_t(ROWS), a->M - row0);
+  if (bytes <= 0) return;
+  for (int i = threadIdx.x; i < rows; i += blockDim.x) {
+    const uintptr_t start = first + uintptr_t(i * a->ldw * int64_t(sizeof(T)));
+    const uintptr_t lo = start & ~uintptr_t(15), hi = (start + uintptr_t(bytes) + 15) & ~uintptr_t(15);
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(lo), "r"(uint32_t(hi - lo)) : "memory");
+  }
+#endif
+}
 
 // Final store of one output: y = alpha * acc + beta * y_in (y_in not read when beta == 0), or the
 // partial sum into the split-K workspace.

@@ -15,7 +15,7 @@ namespace gemvx {
 namespace kernels {
 
 template <typename T, int THREADS, int TPR, int R, int U, int NV, bool PIPE, bool VEC>
-__global__ void __launch_bounds__(THREADS) gemv_rowmajor(const Args a) {
+__global__ void __launch_bounds__(THREADS) gemv_rowmajor(const __grid_constant__ Args a) {
   static_assert(THREADS % TPR == 0 && (TPR & (TPR - 1)) == 0, "TPR must be a power of two");
   constexpr int VW = kVecWidth<T, VEC>;
   using Chunk = Raw<T, VEC>;
@@ -24,6 +24,9 @@ __global__ void __launch_bounds__(THREADS) gemv_rowmajor(const Args a) {
   constexpr int WARP_TPR = TPR < 32 ? TPR : 32;
   constexpr int WARPS_PER_ROW = TPR / WARP_TPR;
 
+  if constexpr (NV == 1) {
+    if (a.prefetch_blocks != 0) rowmajor_start<T, ROWS, (PIPE ? 2 : 1) * U * TPR, VEC>(&a);
+  }
   pdl_wait();
   const int lane = threadIdx.x % TPR;
   const int grp = threadIdx.x / TPR;
