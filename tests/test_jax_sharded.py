@@ -57,9 +57,9 @@ BOOLS = (False, True)
 CPU_MESHES = [(8,), (4, 2), (2, 4)]
 GPU_MESHES = [(2,), (1, 2), (2, 1), (8,), (4, 2), (2, 4)]
 AXIS_NAMES = {1: ("a",), 2: ("a", "b")}
-# Even splits on every mesh above (M/8 = 25 rows, K/2 = 132: odd local sizes, vector tails);
+# Even splits on every mesh above (M/8 = 13 rows, K/8 = 41: odd local sizes, vector tails);
 # the config the table picks for the local shape differs from the global one (checked below).
-M, K, B, G = 200, 264, 8, 8
+M, K, B, G = 104, 328, 8, 8
 ALPHA, BETA = 0.75, 2.0
 
 

@@ -119,7 +119,6 @@
   X(82, RowMajorPrefetch, 64, 64, 1, 4, 1) \
   X(83, RowMajorPrefetch, 128, 128, 1, 4, 1) \
   X(84, RowMajorPipelinedPrefetch, 128, 128, 1, 4, 1) \
-  X(85, RowMajorPipelinedPrefetch, 64, 64, 1, 4, 1) \
   X(100, Quant, 128, 4, 1, 2, 8)              \
   X(101, Quant, 128, 4, 1, 4, 8)              \
   X(102, Quant, 128, 4, 2, 2, 8)              \
