@@ -544,14 +544,18 @@ def time_jit_wall(jax, op: Callable[[Any, Any], Any], Ws: list, xs: list, reps: 
 
 def time_jit(jax, op: Callable[[Any, Any], Any], Ws: list, xs: list, reps: int, runs: int, *,
              program=None) -> dict:
-    """Per-call GPU kernel time of ``op`` inside one jitted program, read from JAX's profiler
-    (secondary to :func:`time_jit_wall`): the program of :func:`jit_program` with R = ``reps``
-    calls (or ``program``, given the same (Ws, xs)) runs ``runs`` times inside one
-    ``jax.profiler.trace``; the GPU kernels of each run (every kernel XLA launched for the
-    program: ours, or cuBLAS / XLA fusions for jnp.dot; copies and memsets excluded) are summed
-    and divided by R, median over the runs. Launch gaps between kernels are not counted, and a
-    kernel launched early with programmatic dependent launch counts its wait for the previous
-    kernel as its own time."""
+    """Per-call GPU times of ``op`` inside one jitted program, read from JAX's profiler: the
+    program of :func:`jit_program` with R = ``reps`` calls (or ``program``, given the same
+    (Ws, xs)) runs ``runs`` times inside one ``jax.profiler.trace``. From the GPU kernels of each
+    run (every kernel XLA launched for the program: ours, or cuBLAS / XLA fusions for jnp.dot;
+    copies and memsets excluded), median over the runs, as a dict of:
+
+    * ``kernel``: their summed durations / R. Launch gaps between kernels are not counted, and a
+      kernel launched early with programmatic dependent launch counts its wait for the previous
+      kernel as its own time;
+    * ``span``: first kernel start to last kernel end / R: the device's time per call, gaps
+      counted and overlap counted once (``span_error`` instead if the runs cannot be told
+      apart)."""
     R = reps
     f = program or jit_program(jax, op, len(Ws), R)
     args = (list(Ws), list(xs))
@@ -568,14 +572,17 @@ def time_jit(jax, op: Callable[[Any, Any], Any], Ws: list, xs: list, reps: int, 
             tr = json.load(fh)
     finally:
         shutil.rmtree(d, ignore_errors=True)
-    return _summary(kernel_us_per_call(tr, runs, R), R, runs, "kernel")
+    out = {"kernel": _summary(kernel_us_per_call(tr, runs, R), R, runs, "kernel")}
+    try:
+        out["span"] = _summary(span_us_per_call(tr, runs, R), R, runs, "span")
+    except Exception as exc:  # noqa: BLE001
+        out["span_error"] = _short(exc, 300)
+    return out
 
 
-def kernel_us_per_call(trace: Any, runs: int, calls: int) -> list[float]:
-    """From a perfetto trace of ``runs`` runs of a program of ``calls`` calls: per run, the summed
-    duration (us) of the kernels on the GPU timelines (copies and memsets excluded) / calls.
-    The kernels are cut into runs by start time, in equal numbers (every run launches the same
-    kernels); if they do not divide evenly, one mean over all runs is returned."""
+def _gpu_kernels(trace: Any) -> list[tuple[float, float]]:
+    """(start, duration) in us of the kernels on the GPU timelines of a perfetto trace, by start
+    (copies and memsets excluded)."""
     ev = trace["traceEvents"] if isinstance(trace, dict) else trace
     gpu = {e["pid"] for e in ev if e.get("ph") == "M" and e.get("name") == "process_name"
            and "GPU" in str(e.get("args", {}).get("name", ""))}
@@ -583,10 +590,36 @@ def kernel_us_per_call(trace: Any, runs: int, calls: int) -> list[float]:
                      and "dur" in e and not any(w in e.get("name", "").lower() for w in ("memcpy", "memset")))
     if not kernels:
         raise RuntimeError("no GPU kernels in the profile")
+    return kernels
+
+
+def _per_run(kernels: list, runs: int) -> list[list]:
+    """The kernels cut into ``runs`` runs by start time, in equal numbers (every run launches the
+    same kernels); one group of all of them if they do not divide evenly."""
     if len(kernels) % runs:
-        return [sum(dur for _, dur in kernels) / (runs * calls)]
+        return [kernels]
     per = len(kernels) // runs
-    return [sum(dur for _, dur in kernels[i * per:(i + 1) * per]) / calls for i in range(runs)]
+    return [kernels[i * per:(i + 1) * per] for i in range(runs)]
+
+
+def kernel_us_per_call(trace: Any, runs: int, calls: int) -> list[float]:
+    """From a perfetto trace of ``runs`` runs of a program of ``calls`` calls: per run, the summed
+    duration (us) of its GPU kernels / calls (one mean over all runs if the kernels do not cut
+    evenly into runs)."""
+    groups = _per_run(_gpu_kernels(trace), runs)
+    n = runs if len(groups) == 1 and runs > 1 else 1
+    return [sum(dur for _, dur in g) / (n * calls) for g in groups]
+
+
+def span_us_per_call(trace: Any, runs: int, calls: int) -> list[float]:
+    """From the same trace: per run, the GPU time from its first kernel's start to its last
+    kernel's end / calls, i.e. what the device spends per call with the gaps between kernels
+    counted and overlapping kernels counted once (the analogue of timing a graph replay with
+    events). Kernels that do not cut evenly into runs raise: a span needs the runs apart."""
+    kernels = _gpu_kernels(trace)
+    if len(kernels) % runs:
+        raise RuntimeError(f"{len(kernels)} kernels do not cut into {runs} runs")
+    return [(max(t + d for t, d in g) - g[0][0]) / calls for g in _per_run(kernels, runs)]
 
 
 # =============================================================================================
@@ -980,7 +1013,7 @@ def run_jax(ctx: dict, rec: dict, dtype_name: str, Ws: list, xs: list, ref, tol:
             except Exception as exc:  # noqa: BLE001
                 r["wall_error"] = _short(exc, 300)
             try:
-                r["kernel"] = time_jit(jax, op, Wj, xj, r1, prof_runs, program=progs[0])
+                r.update(time_jit(jax, op, Wj, xj, r1, prof_runs, program=progs[0]))
             except Exception as exc:  # noqa: BLE001
                 r["kernel_error"] = _short(exc, 300)
             if "wall" in r or "kernel" in r:

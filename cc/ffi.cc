@@ -4,8 +4,10 @@
 // same launcher as the CuPy door (CUDA) or the C++ reference (CPU).
 //
 // The CUDA handler allocates nothing and never synchronises: split-K scratch comes in as a second
-// result buffer, and the handler is marked command-buffer compatible so XLA may capture it in
-// CUDA graphs.
+// result buffer, present only when the call's config needs one (XLA's buffer assignment placed an
+// unused one in another call's output buffer: a needless write to memory two independent calls
+// share), and the handler is marked command-buffer compatible so XLA may capture it in CUDA
+// graphs.
 #include "ffi.h"
 
 #include <cuda_runtime.h>
@@ -84,8 +86,28 @@ ffi::Error decode(ffi::AnyBuffer W, ffi::AnyBuffer x, ffi::AnyBuffer y_in, ffi::
   return ffi::Error::Success();
 }
 
+// A failed launch or reference run as an FFI error.
+ffi::Error status_error(const Status& st) {
+  std::string msg = std::string("gemvx: ") + status_message(st.code);
+  if (st.code == Code::kCudaError) msg += std::string(": ") + cudaGetErrorString(cudaError_t(st.cuda_error));
+  return ffi::Error::Internal(msg);
+}
+
+// The optional split-K workspace: the result after y, if the call has one.
+ffi::Error workspace(ffi::RemainingRets rest, void** ptr, std::size_t* bytes) {
+  *ptr = nullptr;
+  *bytes = 0;
+  if (rest.size() == 0) return ffi::Error::Success();
+  if (rest.size() > 1) return ffi::Error::InvalidArgument("gemvx: more than one workspace result");
+  auto ws = rest.get<ffi::AnyBuffer>(0);
+  if (ws.has_error()) return ws.error();
+  *ptr = (*ws)->untyped_data();
+  *bytes = (*ws)->size_bytes();
+  return ffi::Error::Success();
+}
+
 ffi::Error GemvCuda(cudaStream_t stream, ffi::AnyBuffer W, ffi::AnyBuffer x, ffi::AnyBuffer y_in,
-                    ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> ws, int32_t trans,
+                    ffi::Result<ffi::AnyBuffer> y, ffi::RemainingRets ws, int32_t trans,
                     int64_t M, int64_t K, int64_t groups, int64_t nvec, int64_t ldw,
                     int64_t w_group, int64_t x_vec, int64_t x_group, float alpha, float beta,
                     int32_t config, int32_t splits) {
@@ -93,17 +115,16 @@ ffi::Error GemvCuda(cudaStream_t stream, ffi::AnyBuffer W, ffi::AnyBuffer x, ffi
   ffi::Error err = decode(W, x, y_in, *y, trans, M, K, groups, nvec, ldw, w_group, x_vec, x_group,
                           alpha, beta, &p);
   if (err.failure()) return err;
-  const Status st = launch(p, config, splits, ws->untyped_data(), ws->size_bytes(), stream);
-  if (!st.ok()) {
-    std::string msg = std::string("gemvx: ") + status_message(st.code);
-    if (st.code == Code::kCudaError) msg += std::string(": ") + cudaGetErrorString(cudaError_t(st.cuda_error));
-    return ffi::Error::Internal(msg);
-  }
-  return ffi::Error::Success();
+  void* ws_ptr;
+  std::size_t ws_bytes;
+  err = workspace(ws, &ws_ptr, &ws_bytes);
+  if (err.failure()) return err;
+  const Status st = launch(p, config, splits, ws_ptr, ws_bytes, stream);
+  return st.ok() ? ffi::Error::Success() : status_error(st);
 }
 
 ffi::Error GemvCpu(ffi::AnyBuffer W, ffi::AnyBuffer x, ffi::AnyBuffer y_in,
-                   ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> ws, int32_t trans,
+                   ffi::Result<ffi::AnyBuffer> y, ffi::RemainingRets ws, int32_t trans,
                    int64_t M, int64_t K, int64_t groups, int64_t nvec, int64_t ldw, int64_t w_group,
                    int64_t x_vec, int64_t x_group, float alpha, float beta, int32_t config,
                    int32_t splits) {
@@ -115,8 +136,7 @@ ffi::Error GemvCpu(ffi::AnyBuffer W, ffi::AnyBuffer x, ffi::AnyBuffer y_in,
                           alpha, beta, &p);
   if (err.failure()) return err;
   const Status st = reference(p);
-  if (!st.ok()) return ffi::Error::Internal(std::string("gemvx: ") + status_message(st.code));
-  return ffi::Error::Success();
+  return st.ok() ? ffi::Error::Success() : status_error(st);
 }
 
 // The attributes shared by both platforms, in the order of the handlers' parameters.
@@ -127,7 +147,7 @@ auto bind_common(B binding) {
       .template Arg<ffi::AnyBuffer>()          // x: (groups, nvec, K) as addressed by x_vec / x_group
       .template Arg<ffi::AnyBuffer>()          // y_in: (groups, nvec, M); read only when beta != 0
       .template Ret<ffi::AnyBuffer>()          // y: (groups, nvec, M), C-contiguous
-      .template Ret<ffi::AnyBuffer>()          // split-K workspace (bytes; unused on the CPU)
+      .RemainingRets()                          // split-K workspace (bytes), only if the config needs one
       .template Attr<int32_t>("trans")      // 0: W is (M, K); 1: W is stored (K, M)
       .template Attr<int64_t>("M")
       .template Attr<int64_t>("K")
@@ -212,34 +232,32 @@ ffi::Error decode_quant(ffi::AnyBuffer W, ffi::AnyBuffer scales, ffi::AnyBuffer 
   return Error::Success();
 }
 
-// A failed launch or reference run as an FFI error.
-ffi::Error status_error(const Status& st) {
-  std::string msg = std::string("gemvx: ") + status_message(st.code);
-  if (st.code == Code::kCudaError) msg += std::string(": ") + cudaGetErrorString(cudaError_t(st.cuda_error));
-  return ffi::Error::Internal(msg);
-}
-
 // One handler body for both platforms: CUDA runs the launcher on XLA's stream, the CPU runs the
 // reference.
 template <bool kCuda>
 ffi::Error GemvQuant(cudaStream_t stream, ffi::AnyBuffer W, ffi::AnyBuffer scales,
                      ffi::AnyBuffer zeros, ffi::AnyBuffer x, ffi::AnyBuffer y_in,
-                     ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> ws, QuantAttrs at,
+                     ffi::Result<ffi::AnyBuffer> y, ffi::RemainingRets ws, QuantAttrs at,
                      int32_t config, int32_t splits) {
   Problem p;
   ffi::Error err = decode_quant(W, scales, zeros, x, y_in, *y, at, &p);
   if (err.failure()) return err;
   Status st;
-  if constexpr (kCuda)
-    st = launch(p, config, splits, ws->untyped_data(), ws->size_bytes(), stream);
-  else
+  if constexpr (kCuda) {
+    void* ws_ptr;
+    std::size_t ws_bytes;
+    err = workspace(ws, &ws_ptr, &ws_bytes);
+    if (err.failure()) return err;
+    st = launch(p, config, splits, ws_ptr, ws_bytes, stream);
+  } else {
     st = reference(p);
+  }
   return st.ok() ? ffi::Error::Success() : status_error(st);
 }
 
 #define GEMVX_QUANT_PARAMS                                                                          \
   ffi::AnyBuffer W, ffi::AnyBuffer scales, ffi::AnyBuffer zeros, ffi::AnyBuffer x,                  \
-      ffi::AnyBuffer y_in, ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> ws,           \
+      ffi::AnyBuffer y_in, ffi::Result<ffi::AnyBuffer> y, ffi::RemainingRets ws,                    \
       int32_t bits, int32_t has_zeros, int64_t group_size, int64_t M, int64_t K, int64_t groups,    \
       int64_t nvec, int64_t ldw, int64_t w_group, int64_t lds, int64_t s_group, int64_t ldz,        \
       int64_t z_group, int64_t x_vec, int64_t x_group, float alpha, float beta, int32_t config,     \
@@ -266,7 +284,7 @@ auto bind_quant(B binding) {
       .template Arg<ffi::AnyBuffer>()        // x: (groups, nvec, K) as addressed by x_vec / x_group
       .template Arg<ffi::AnyBuffer>()        // y_in: (groups, nvec, M); read only when beta != 0
       .template Ret<ffi::AnyBuffer>()        // y: (groups, nvec, M), C-contiguous, x's dtype
-      .template Ret<ffi::AnyBuffer>()        // split-K workspace (bytes; unused on the CPU)
+      .RemainingRets()                        // split-K workspace (bytes), only if the config needs one
       .template Attr<int32_t>("bits")        // 8 or 4
       .template Attr<int32_t>("has_zeros")   // 1: asymmetric int4 (zero points given)
       .template Attr<int64_t>("group_size")  // power of two >= 32, or 0 (per channel)

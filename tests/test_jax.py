@@ -766,6 +766,35 @@ def test_lowering_for_cuda(case: str, dtype: str) -> None:
     assert layout == ("T" if transpose else "N")
 
 
+@pytest.mark.parametrize("transpose", BOOLS)
+def test_workspace_result_only_when_the_config_needs_one(transpose: bool) -> None:
+    """The split-K workspace is a second result of the custom call only where the config and
+    split count use one, sized as the launcher asks: a result nobody reads still gets a buffer,
+    which XLA's buffer assignment may place in another call's output buffer."""
+    from gemvx import _ext, tune
+
+    M, K = 40, 8192
+    prob = tune._problem(tune.Point("float16", "T" if transpose else "N", 1, M, K))
+    ids = T_IDS if transpose else N_IDS
+    picks = {}
+    for cid in ids:
+        for splits in (1, 8):
+            picks.setdefault(_ext.workspace_bytes(prob, cid, splits) > 0, (cid, splits))
+    assert set(picks) == {False, True}, picks  # both kinds exist for this shape
+    W = jax.ShapeDtypeStruct((K, M) if transpose else (M, K), jnp.float16)
+    x = jax.ShapeDtypeStruct((K,), jnp.float16)
+    for needs, (cid, splits) in picks.items():
+        f = gemv_fn(transpose=transpose, config=(cid, splits))
+        (eqn,) = custom_calls(jaxpr_equations(jax.make_jaxpr(f)(W, x)), TARGET)
+        shapes = [(tuple(v.aval.shape), str(v.aval.dtype)) for v in eqn.outvars]
+        want = [((1, 1, M), "float16")]
+        if needs:
+            want.append(((_ext.workspace_bytes(prob, cid, splits),), "uint8"))
+        assert shapes == want, (cid, splits)
+        (attrs,) = lowered_attrs(f, W, x, platform="cuda")
+        assert (attrs["config"], attrs["splits"]) == (cid, splits)
+
+
 # ---- export -------------------------------------------------------------------------------------------
 
 def _export(f: Callable[..., Any], *avals: Any, disable_check: bool = True) -> Any:

@@ -145,18 +145,24 @@ def _call(target: str, plan: Any, p: Any, dtype: Any, table_key: str, layout: st
         cid, splits = config
     ws_bytes = _ext.workspace_bytes(p, cid, splits)
     y_in = jnp.zeros((0,), dtype) if y is None else plan.to_work(y)
+    # The split-K workspace is a second result only when the config needs one: a result nobody
+    # reads still takes a buffer, and XLA's buffer assignment placed the unused one in another
+    # call's output buffer (a needless write to memory two independent calls share).
+    results = [jax.ShapeDtypeStruct((G, V, M), dtype)]
+    if ws_bytes > 0:
+        results.append(jax.ShapeDtypeStruct((ws_bytes,), np.uint8))
     call = jax.ffi.ffi_call(
         target,
-        (jax.ShapeDtypeStruct((G, V, M), dtype), jax.ShapeDtypeStruct((max(ws_bytes, 1),), np.uint8)),
+        tuple(results),
         vmap_method="sequential",  # never reached: custom_vmap batches first
         input_output_aliases={len(operands): 0} if y is not None else None,
     )
-    out, _ws = call(
+    out = call(
         *operands, y_in, **attrs,
         M=np.int64(M), K=np.int64(K), groups=np.int64(G), nvec=np.int64(V), ldw=np.int64(p.ldw),
         w_group=np.int64(p.w_group), x_vec=np.int64(p.x_vec), x_group=np.int64(p.x_group),
         alpha=np.float32(alpha), beta=np.float32(beta), config=np.int32(cid), splits=np.int32(splits),
-    )
+    )[0]
     return plan.from_work(out)
 
 
