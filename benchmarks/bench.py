@@ -12,8 +12,8 @@ For every case (dtype, layout, batch, M, K) it times:
   * torch (``torch.mv``; ``torch.mm`` for a batch of vectors) under a torch CUDA graph;
   * the autotuned Triton GEMV of triton_gemv.py (one vector: batch 1 only) under a torch graph;
   * gemvx, JAX door (``gemvx.gemv_ffi``) and XLA's ``jnp.dot``: time per call inside one jitted
-    program, by host wall time with the fixed dispatch cost subtracted; the GPU kernel time from
-    JAX's profiler is reported beside it.
+    program: the GPU span from JAX's profiler (the number the ratios use), and by host wall time
+    with the fixed dispatch cost subtracted beside it.
 
 Method (DESIGN.md section 6; benchmarks/README.md has the long form):
   * Ceiling: a streaming-read kernel of our own (16-byte loads over >= 1 GiB, one value written
@@ -25,7 +25,12 @@ Method (DESIGN.md section 6; benchmarks/README.md has the long form):
     first) is compared with a float64 reference computed on the GPU; FAIL means not timed.
   * Graph timing: R calls captured into one CUDA graph; replays timed with CUDA events;
     per-call = replay / R, median over replays. Eager: events around R back-to-back calls.
-  * Inside jit (``time_jit_wall``): two jitted programs of R1 = R and R2 = 2R independent calls
+  * Inside jit, the span (``time_jit``): the R1 program below runs a few times inside one
+    ``jax.profiler.trace``; per run, the GPU time from its first kernel's start to its last
+    kernel's end / R1 (gaps counted, overlapping kernels counted once), median over runs. The
+    summed kernel durations are kept beside it (``kernel``): a PDL kernel's wait for the
+    previous one counts as its time there, and launch gaps do not count.
+  * Inside jit, host wall time (``time_jit_wall``), beside the span: two jitted programs of R1 = R and R2 = 2R independent calls
     (call i on W copy i % n and its own x, operands behind ``jax.lax.optimization_barrier`` so
     XLA merges nothing; both programs take the same arguments). Each sample times a few
     back-to-back executions of one program by host wall clock up to ``jax.block_until_ready``;
@@ -34,10 +39,6 @@ Method (DESIGN.md section 6; benchmarks/README.md has the long form):
     interquartile range of the per-run estimates is the spread; a non-positive estimate or a
     spread over 10% of it is retried once with twice the samples, then reported as unstable
     ('?' in the tables), never silently.
-  * Inside jit, secondary (``time_jit``): JAX's profiler, GPU kernel time of the R1 program / R1.
-    Not used for ratios: our kernels use programmatic dependent launch, so each is launched while
-    the previous one runs and waits inside; the profiler counts that wait as kernel time (overlap
-    counted twice), and XLA's launch gaps, which PDL removes for ours, are not counted at all.
   * Bytes per call = W + x + y; GB/s = bytes / per-call time (1 GB = 1e9 B).
 
 Output: progress on stderr; the report (benchmarks/report.py: a table per (dtype, layout,
@@ -390,12 +391,6 @@ def time_eager(fn: Callable[[int], Any], reps: int, replays: int, *, warmup: int
 #
 # Primary: host wall time of one jitted program of R1 calls and of one of R2 = 2 x R1 calls, the
 # difference divided by R2 - R1 (the fixed cost of dispatching and waiting for a program cancels).
-# Secondary: the GPU kernel durations of the R1-call program from JAX's profiler. Kernels that
-# use programmatic dependent launch start while their predecessor still runs and wait inside
-# (griddepcontrol.wait); the profiler counts that wait inside the kernel, so overlapped time is
-# counted twice, and the launch gaps of kernels without PDL are not counted at all: it is
-# reported beside the wall time, not used for ratios.
-
 JIT_WALL_S = 1e-3       # each timed sample spans >= this much estimated work between R1 and R2
 JIT_EXECS_MAX = 8       # back-to-back executions of a program per timed sample
 WALL_SPREAD_MAX = 0.10  # interquartile range of the per-run estimates / the estimate: above is unstable
@@ -960,8 +955,9 @@ def _run_triton(ctx, tg_mod, torch, dtype_name, M, K, tr, Wt, xt, ytc, ref, tol,
 def run_jax(ctx: dict, rec: dict, dtype_name: str, Ws: list, xs: list, ref, tol: float,
             reps: int, tr: bool) -> None:
     """gemvx through the JAX door (gemv_ffi) and XLA's own jnp.dot inside jit: checked against the
-    float64 reference, then timed by wall time (:func:`time_jit_wall`, the number used) and by
-    the profiler's kernel time (:func:`time_jit`, reported beside it) on the same programs."""
+    float64 reference, then timed by the profiler's span (:func:`time_jit`, the number the ratios
+    use; its summed kernel time kept beside it) and by host wall time (:func:`time_jit_wall`) on
+    the same programs."""
     cp = ctx["cp"]
     jax, why = _jax_or_none() if not ctx["args"].no_jax else (None, "--no-jax")
     if jax is None:
@@ -1139,14 +1135,17 @@ def main(argv=None) -> int:
                            f"<= {MAX_SET_BYTES >> 30} GiB",
             "graph": "R calls captured per CUDA graph; per-call = replay time / R; median of replays",
             "eager": "events around R back-to-back Python calls; includes launch overhead",
-            "wall": "JAX door and jnp.dot (the numbers used): host wall time of jitted programs of "
+            "span": "JAX door and jnp.dot (the numbers used): JAX profiler, GPU time from the first "
+                    "kernel start to the last kernel end of each run of the R1-call program / R1 "
+                    "(gaps counted, overlapping kernels counted once), median of runs",
+            "wall": "JAX door and jnp.dot, beside the span: host wall time of jitted programs of "
                     "R1 and R2 = 2 R1 independent calls (W copies rotated, operands behind "
                     "optimization barriers), each timed over back-to-back executions; per-call = "
                     "(median t(R2) - median t(R1)) / (executions x (R2 - R1)), so the fixed dispatch "
                     "cost cancels; spread = interquartile range of the per-run estimates; flagged "
                     f"unstable (and retried once with twice the runs) when not positive or when "
                     f"that range exceeds {100 * WALL_SPREAD_MAX:.0f}% of the estimate",
-            "kernel": "JAX profiler (reported beside, not used for ratios): GPU kernel time of the "
+            "kernel": "JAX profiler (kept, not used for ratios): summed GPU kernel time of the "
                       "R1-call program / R1, median of runs; kernels launched early with "
                       "programmatic dependent launch count their wait for the previous kernel",
             "bytes": "W + x + y per call; GB/s = 1e9 B/s",
@@ -1155,8 +1154,8 @@ def main(argv=None) -> int:
     log(f"device {dev['name']}, L2 {dev['l2_bytes'] / 2**20:.0f} MiB, {dev['sm_count']} SMs; "
         f"{len(todo)} cases; measuring the bandwidth ceiling ...")
     if "jax" not in notes and not args.no_jax:
-        log("JAX door and jnp.dot: per-call wall time inside jit = (t(2R calls) - t(R calls)) / R, "
-            "dispatch cancels; the profiler's kernel time is reported beside it")
+        log("JAX door and jnp.dot inside jit: the profiler's GPU span per call (used), and the "
+            "wall time (t(2R calls) - t(R calls)) / R beside it")
     ceiling = measure_ceiling(cp, int(args.ceiling_gib * (1 << 30)), dev["sm_count"],
                               runs=10 if args.quick else 20)
     meta["ceiling"] = ceiling

@@ -12,19 +12,21 @@ report at the end of a run by calling :func:`render`.
 
 Definitions (benchmarks/README.md has the method):
   * gemvx time: the CuPy door, CUDA-graph replayed; JAX door (gemv_ffi): time per call inside
-    one jitted program by host wall time with the fixed dispatch cost subtracted ("wall"),
-    compared only with XLA's jnp.dot timed the same way. The profiler's GPU kernel time per call
-    ("kernel") is shown beside both; files from before the wall time was taken have only that
-    (their "jit" timings are read as "kernel"), and then the JAX ratios fall back to it
-    (marked "k").
+    one jitted program, the GPU's time from the first kernel's start to the last one's end over
+    the number of calls, from JAX's profiler ("span": gaps between kernels counted, overlapping
+    kernels counted once, like timing a graph replay with events), compared only with XLA's
+    jnp.dot timed the same way. The host wall time per call with the fixed dispatch cost
+    subtracted ("wall") is shown beside it. Files from before the span was taken fall back to the
+    wall time (marked "w"), and files from before that to the profiler's summed kernel time
+    ("kernel", marked "k"; their "jit" timings are read as "kernel").
   * ratio to a peer = peer time / gemvx time, like with like: graph vs graph (torch, Triton,
     cuBLAS when its graph captured), eager vs eager (cuBLAS through CuPy, which cannot be
-    captured: marked "e"), wall vs wall (jnp.dot vs gemv_ffi). A wall time whose estimate was
+    captured: marked "e"), span vs span (jnp.dot vs gemv_ffi). A wall time whose estimate was
     unstable is marked "?", and so is every ratio made from it.
   * best-peer ratio of a case = the smallest of its ratios (the strongest peer, each compared
     like with like); > 1 means gemvx beats every peer.
-  * ffi/cupy = gemv_ffi's wall time / the CuPy door's graph time: the cost of the JAX door
-    inside jit (the same kernel runs behind both doors); not a peer ratio.
+  * ffi/cupy = gemv_ffi's span / the CuPy door's graph time: the cost of the JAX door inside
+    jit (the same kernel runs behind both doors); not a peer ratio.
   * quantised rows (``--quant``, JSON of ``benchmarks/bench_quant.py``): speed-up = fp16 time /
     quantised time on the same M x K, against the dense fp16 gemvx of the same quantised run and
     against the best fp16 peer: the fastest of cuBLAS / torch / Triton / jnp.dot on that shape
@@ -64,9 +66,9 @@ T_SHORT_WIDE_US, T_SMALL_US = 10.0, 2.3
 T_MID_W, T_TRANSPOSED, T_BATCH16 = 32 * MIB, 1.05, 1.3
 # The JAX door (issue 3): at least as fast as jnp.dot, within 5% of the CuPy door.
 T_JAX_VS_XLA, T_JAX_VS_CUPY = 1.00, 1.05
-# Timing modes in order of preference; the two inside jit.
-MODES = ("graph", "eager", "wall", "kernel")
-JIT_MODES = ("wall", "kernel")
+# Timing modes in order of preference; those inside jit.
+MODES = ("graph", "eager", "span", "wall", "kernel")
+JIT_MODES = ("span", "wall", "kernel")
 
 
 # ---- loading ---------------------------------------------------------------------------------
@@ -145,8 +147,8 @@ def _pair(a: dict | None, b: dict | None) -> dict:
 
 
 def jit_pair(p: dict | None, q: dict | None) -> dict | None:
-    """Ratio of two implementations timed inside jit: wall vs wall, else (files without wall
-    times) kernel vs kernel; None without a common mode."""
+    """Ratio of two implementations timed inside jit: span vs span, else (older files) wall vs
+    wall, else kernel vs kernel; None without a common mode."""
     for m in JIT_MODES:
         a, b = timing(p, m), timing(q, m)
         if a and b:
@@ -156,7 +158,8 @@ def jit_pair(p: dict | None, q: dict | None) -> dict | None:
 
 def ffi_vs_cupy(rec: dict) -> dict | None:
     """gemv_ffi time inside jit / the CuPy door's graph time (same kernel): the JAX door's cost.
-    Wall time, else (older files) the profiler's kernel time, marked by the mode."""
+    The span, else (older files) the wall time, else the profiler's kernel time, marked by the
+    mode."""
     im = rec.get("impls", {})
     g = timing(im.get("gemvx"), "graph")
     for m in JIT_MODES:
@@ -259,9 +262,11 @@ def check_targets(records: list[dict], device_name: str | None, spec: float | No
         shaky = sum(1 for _, _, rec in br if best_is_unstable(rec))
         if shaky:
             detail += f"; {shaky} best ratios rest on an unstable wall time inside jit (marked ?)"
-        kern = sum(1 for _, key, rec in br if key == "xla" and ratios(rec)["xla"]["mode"] == "kernel")
-        if kern:
-            detail += f"; {kern} jnp.dot ratios are profiler kernel times (files without wall times, marked k)"
+        for mode, what in (("wall", "wall times (files without the span, marked w)"),
+                           ("kernel", "profiler kernel times (files without span or wall times, marked k)")):
+            n = sum(1 for _, key, rec in br if key == "xla" and ratios(rec)["xla"]["mode"] == mode)
+            if n:
+                detail += f"; {n} jnp.dot ratios are {what}"
         add(name, "PASS" if ok else "FAIL", detail)
 
     # 2. large W: spec bandwidth and the measured read ceiling
@@ -356,9 +361,11 @@ def check_jax_door(records: list[dict]) -> list[dict]:
         shaky = sum(1 for x, _ in rows if x["unstable"])
         if shaky:
             detail += f"; {shaky} rest on an unstable wall time (marked ?)"
-        kern = sum(1 for x, _ in rows if x["mode"] == "kernel")
-        if kern:
-            detail += f"; {kern} are profiler kernel times (no wall times in these files, marked k)"
+        for mode, what in (("wall", "wall times (no span in these files, marked w)"),
+                           ("kernel", "profiler kernel times (no span or wall times in these files, marked k)")):
+            n = sum(1 for x, _ in rows if x["mode"] == mode)
+            if n:
+                detail += f"; {n} are {what}"
         out.append({"target": name, "status": "FAIL" if bad else "PASS", "detail": detail})
     return out
 
@@ -371,7 +378,7 @@ def _fmt_us(us: float | None) -> str:
     return f"{us:.2f}" if us < 10 else f"{us:.1f}"
 
 
-_MARK = {"eager": "e", "kernel": "k"}
+_MARK = {"eager": "e", "wall": "w", "kernel": "k"}
 
 
 def _cell(r: dict | None, mode: str | None = None) -> str:
@@ -387,6 +394,16 @@ def _cell(r: dict | None, mode: str | None = None) -> str:
     return _fmt_us(t["us"]) + ("e" if t["mode"] == "eager" else "") + ("?" if unstable(t) else "")
 
 
+def _jit_cell(r: dict | None) -> str:
+    """The time inside jit that the JAX ratios use: the span, else a wall time marked 'w' (with
+    '?' when unstable), else a kernel time marked 'k'; a status or '-' without one."""
+    for m in JIT_MODES:
+        t = timing(r, m)
+        if t:
+            return _fmt_us(t["us"]) + _MARK.get(m, "") + ("?" if unstable(t) else "")
+    return _cell(r, "wall")
+
+
 def _ratio_cell(x: dict | None) -> str:
     if not x:
         return "-"
@@ -394,7 +411,7 @@ def _ratio_cell(x: dict | None) -> str:
 
 
 TABLE_HEADER = ["M x K", "W MiB", "gemvx us", "GB/s", "%ceil", "cfg", "eager us", "cuBLAS us",
-                "torch us", "Triton us", "gemv_ffi us", "jnp.dot us", "ffi kern us", "dot kern us",
+                "torch us", "Triton us", "gemv_ffi us", "jnp.dot us", "ffi wall us", "dot wall us",
                 "cuBLAS/", "torch/", "Triton/", "jnp.dot/ffi", "best", "ffi/cupy"]
 
 
@@ -416,8 +433,8 @@ def case_row(rec: dict) -> list[str]:
         f"{100 * rate / ceil:.0f}" if rate and ceil else "-",
         f"{cfg[0]}/{cfg[1]}" if cfg else "-", _cell(g, "eager").rstrip("e") if g else "-",
         _cell(im.get("cublas")), _cell(im.get("torch")), _cell(im.get("triton")),
+        _jit_cell(im.get("gemv_ffi")), _jit_cell(im.get("xla")),
         _cell(im.get("gemv_ffi"), "wall"), _cell(im.get("xla"), "wall"),
-        _cell(im.get("gemv_ffi"), "kernel"), _cell(im.get("xla"), "kernel"),
         _ratio_cell(ra.get("cublas")), _ratio_cell(ra.get("torch")), _ratio_cell(ra.get("triton")),
         _ratio_cell(ra.get("xla")),
         (f"{best[0]:.2f}" + ("?" if ra[best[1]]["unstable"] else "")) if best else "-",
@@ -516,7 +533,8 @@ def _notes(metas: list[dict], records: list[dict]) -> list[str]:
             elif r.get("graph_error"):
                 grouped.setdefault((key, f"graph capture failed, timed eagerly ('e'): {r['graph_error']}"),
                                    []).append(_tag(rec))
-            for mode, what in (("wall", "wall time inside jit"), ("kernel", "profiler kernel time")):
+            for mode, what in (("wall", "wall time inside jit"), ("kernel", "profiler kernel time"),
+                               ("span", "profiler span")):
                 if st == "ok" and r.get(f"{mode}_error"):
                     grouped.setdefault((key, f"{what} failed: {r[f'{mode}_error']}"), []).append(_tag(rec))
             if st == "ok" and unstable(r.get("wall")):
@@ -524,8 +542,11 @@ def _notes(metas: list[dict], records: list[dict]) -> list[str]:
                 grouped.setdefault((key, f"wall time inside jit unstable ('?'): {why}"), []).append(_tag(rec))
         x = ratios(rec).get("xla")
         if x and x["mode"] == "kernel":
-            grouped.setdefault(("xla", "jnp.dot/ffi from profiler kernel times ('k'): no wall times "
-                                "inside jit in this file"), []).append(_tag(rec))
+            grouped.setdefault(("xla", "jnp.dot/ffi from profiler kernel times ('k'): no span or wall "
+                                "times inside jit in this file"), []).append(_tag(rec))
+        elif x and x["mode"] == "wall":
+            grouped.setdefault(("xla", "jnp.dot/ffi from wall times ('w'): no profiler span in this "
+                                "file"), []).append(_tag(rec))
     for (key, msg), tags in grouped.items():
         where = "all cases" if len(tags) == len(records) else (
             ", ".join(tags[:6]) + (f" and {len(tags) - 6} more" if len(tags) > 6 else ""))
@@ -549,15 +570,16 @@ EXPLAIN = (
     "cupy.matmul (CuPy cannot capture cuBLAS in a graph: eager, marked e); torch = torch.mv / "
     "torch.matmul (graph); Triton = benchmarks/triton_gemv.py, autotuned (graph; one vector only); "
     "gemv_ffi = the JAX door and jnp.dot = XLA, both time per call inside one jitted program of "
-    "many independent calls by host wall time, with the fixed dispatch cost subtracted "
-    "((t(2R calls) - t(R calls)) / R; ? = unstable estimate, see the notes); ffi kern / dot kern: "
-    "the same calls' GPU kernel time from JAX's profiler (for reference: a kernel launched early "
-    "with programmatic dependent launch counts its wait for the previous one, and launch gaps are "
-    "not counted). GB/s counts W + x + y bytes; %ceil = gemvx GB/s / the measured read ceiling; "
-    "cfg = the table's config/splits. Ratio columns: peer time / gemvx time (> 1: gemvx faster), "
-    "like with like (e: eager vs eager; jnp.dot/ffi: wall vs wall, k: kernel vs kernel for files "
-    "without wall times); best = the smallest ratio; ffi/cupy = gemv_ffi time / gemvx us (the JAX "
-    "door's cost inside jit on the same kernel; <= 1.05 wanted).")
+    "R independent calls: the GPU time from the program's first kernel start to its last kernel "
+    "end / R, from JAX's profiler (the span: gaps between kernels counted, kernels that overlap "
+    "counted once; median of runs; w: a file without it, host wall time instead); ffi wall / "
+    "dot wall: the same calls by host wall time with the fixed dispatch cost subtracted "
+    "((t(2R calls) - t(R calls)) / R; it also counts XLA's host work per program result; ? = "
+    "unstable estimate, see the notes). GB/s counts W + x + y bytes; %ceil = gemvx GB/s / the "
+    "measured read ceiling; cfg = the table's config/splits. Ratio columns: peer time / gemvx "
+    "time (> 1: gemvx faster), like with like (e: eager vs eager; jnp.dot/ffi: span vs span, w: "
+    "wall vs wall, k: kernel vs kernel for older files); best = the smallest ratio; ffi/cupy = "
+    "gemv_ffi time / gemvx us (the JAX door's cost inside jit on the same kernel; <= 1.05 wanted).")
 
 
 def _check_lines(title: str, checks: list[dict], md: bool, h: Callable[[int, str], str]) -> list[str]:

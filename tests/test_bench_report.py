@@ -34,21 +34,24 @@ def _bytes(dtype: str, batch: int, M: int, K: int) -> tuple[int, int]:
 
 def _case(dtype: str, layout: str, batch: int, M: int, K: int, us: float, *,
           peers: dict[str, float] | None = None, ceiling: float | None = CEIL) -> dict:
-    """A case where gemvx takes ``us`` (graph), us + 2 (eager), the JAX door us + 0.1 (wall
-    time inside jit; its profiler kernel time 0.5 more), and each peer ``factor`` x the matching
-    gemvx time (cuBLAS eager only, like CuPy's; jnp.dot's kernel time 0.8 x its wall time)."""
+    """A case where gemvx takes ``us`` (graph), us + 2 (eager), the JAX door us + 0.1 (its span
+    inside jit; its wall time 0.4 more, its profiler kernel time 0.5 more), and each peer
+    ``factor`` x the matching gemvx time (cuBLAS eager only, like CuPy's; jnp.dot's span and wall
+    time ``factor`` x the JAX door's, its kernel time 0.8 x its span)."""
     w, per = _bytes(dtype, batch, M, K)
     peers = {"torch": 1.3, "cublas": 1.5, "xla": 1.2, "triton": 1.16} if peers is None else peers
     ffi = us + 0.1
     im: dict[str, Any] = {
         "gemvx": {"status": "ok", "graph": {"us": us}, "eager": {"us": us + 2}, "config": [4, 1]},
-        "gemv_ffi": {"status": "ok", "wall": {"us": ffi, "stable": True}, "kernel": {"us": ffi + 0.5}},
+        "gemv_ffi": {"status": "ok", "span": {"us": ffi}, "wall": {"us": ffi + 0.4, "stable": True},
+                     "kernel": {"us": ffi + 0.5}},
     }
     for key, f in peers.items():
         if key == "cublas":
             im[key] = {"status": "ok", "eager": {"us": f * (us + 2)}, "graph_error": "no capture"}
         elif key == "xla":
-            im[key] = {"status": "ok", "wall": {"us": f * ffi, "stable": True}, "kernel": {"us": 0.8 * f * ffi}}
+            im[key] = {"status": "ok", "span": {"us": f * ffi}, "wall": {"us": f * (ffi + 0.4), "stable": True},
+                       "kernel": {"us": 0.8 * f * ffi}}
         elif key == "triton" and batch > 1:
             im[key] = {"status": "n/a", "error": "batch 1 only"}
         else:
@@ -98,9 +101,9 @@ def test_ratios_like_with_like() -> None:
     assert r["torch"] == {"ratio": pytest.approx(1.3), "mode": "graph", **stable}
     assert r["triton"]["ratio"] == pytest.approx(1.16)
     assert r["cublas"] == {"ratio": pytest.approx(1.5), "mode": "eager", **stable}  # eager vs gemvx eager
-    assert r["xla"] == {"ratio": pytest.approx(1.2), "mode": "wall", **stable}      # wall vs the JAX door's wall
+    assert r["xla"] == {"ratio": pytest.approx(1.2), "mode": "span", **stable}      # span vs the JAX door's span
     assert report.best_ratio(rec) == (pytest.approx(1.16), "triton")
-    assert report.ffi_vs_cupy(rec) == {"ratio": pytest.approx(10.1 / 10.0), "mode": "wall", **stable}
+    assert report.ffi_vs_cupy(rec) == {"ratio": pytest.approx(10.1 / 10.0), "mode": "span", **stable}
     # a captured cuBLAS graph is compared graph to graph
     rec["impls"]["cublas"]["graph"] = {"us": 25.0}
     assert report.ratios(rec)["cublas"] == {"ratio": 2.5, "mode": "graph", **stable}
@@ -112,39 +115,48 @@ def test_ratios_like_with_like() -> None:
     assert report.best_ratio(rec) is None
 
 
-def test_jax_ratios_wall_first_then_kernel_marked() -> None:
-    """jnp.dot/ffi and ffi/cupy come from wall times; without a wall time on either side the two
-    profiler kernel times are compared (mode kernel, 'k'); an unstable wall time marks '?'; a
-    wall time that is not positive is no time at all."""
+def test_jax_ratios_span_first_then_wall_then_kernel_marked() -> None:
+    """jnp.dot/ffi and ffi/cupy come from the profiler's spans; without a span on either side the
+    wall times are compared (mode wall, 'w'), without those the profiler kernel times (mode
+    kernel, 'k'); an unstable wall time marks '?'; a wall time that is not positive is no time."""
     rec = _case("float16", "N", 1, 4096, 4096, 10.0, peers={"xla": 1.2})
     row = dict(zip(report.TABLE_HEADER, report.case_row(rec)))
-    assert (row["gemv_ffi us"], row["jnp.dot us"], row["ffi kern us"], row["dot kern us"]) == \
-        ("10.1", "12.1", "10.6", "9.70")
+    assert (row["gemv_ffi us"], row["jnp.dot us"], row["ffi wall us"], row["dot wall us"]) == \
+        ("10.1", "12.1", "10.5", "12.6")
     assert (row["jnp.dot/ffi"], row["best"], row["ffi/cupy"]) == ("1.20", "1.20", "1.01")
-    del rec["impls"]["xla"]["wall"]  # no wall time for jnp.dot: kernel vs kernel
+    del rec["impls"]["xla"]["span"]  # no span for jnp.dot: wall vs wall
+    x = report.ratios(rec)["xla"]
+    assert x == {"ratio": pytest.approx(1.2), "mode": "wall", "unstable": False}
+    row = dict(zip(report.TABLE_HEADER, report.case_row(rec)))
+    assert row["jnp.dot us"] == "12.6w" and row["jnp.dot/ffi"] == "1.20w"
+    del rec["impls"]["xla"]["wall"]  # nor a wall time: kernel vs kernel
     x = report.ratios(rec)["xla"]
     assert x == {"ratio": pytest.approx(0.96 * 10.1 / 10.6), "mode": "kernel", "unstable": False}
     assert report.best_ratio(rec) == (pytest.approx(x["ratio"]), "xla")
     row = dict(zip(report.TABLE_HEADER, report.case_row(rec)))
-    assert row["jnp.dot us"] == "-" and row["jnp.dot/ffi"] == "0.91k"
-    assert row["ffi/cupy"] == "1.01"  # gemv_ffi still has its wall time
-    del rec["impls"]["gemv_ffi"]["wall"]
+    assert row["jnp.dot us"] == "9.70k" and row["dot wall us"] == "-" and row["jnp.dot/ffi"] == "0.91k"
+    assert row["ffi/cupy"] == "1.01"  # gemv_ffi still has its span
+    del rec["impls"]["gemv_ffi"]["span"], rec["impls"]["gemv_ffi"]["wall"]
     assert report.ffi_vs_cupy(rec) == {"ratio": pytest.approx(1.06), "mode": "kernel", "unstable": False}
-    # unstable wall times: numbers and ratios marked '?', and counted in the targets' detail
+    # unstable wall times (files without spans): numbers and ratios marked '?', and counted
     rec = _case("float16", "N", 1, 4096, 4096, 10.0, peers={"xla": 0.9})
+    for k in ("gemv_ffi", "xla"):
+        del rec["impls"][k]["span"]
     rec["impls"]["gemv_ffi"]["wall"].update(stable=False, why="per-run estimates spread too wide: ...")
     row = dict(zip(report.TABLE_HEADER, report.case_row(rec)))
-    assert (row["gemv_ffi us"], row["jnp.dot/ffi"], row["best"], row["ffi/cupy"]) == \
-        ("10.1?", "0.90?", "0.90?", "1.01?")
+    assert (row["gemv_ffi us"], row["ffi wall us"], row["jnp.dot/ffi"], row["best"], row["ffi/cupy"]) == \
+        ("10.5w?", "10.5?", "0.90w?", "0.90?", "1.05w?")
     assert report.best_is_unstable(rec)
     detail = report.check_targets([rec], H200)[0]["detail"]
     assert "1 best ratios rest on an unstable wall time" in detail
+    assert "1 jnp.dot ratios are wall times" in detail
     assert report._notes([], [rec]) == [
-        "gemv_ffi: wall time inside jit unstable ('?'): per-run estimates spread too wide [all cases]"]
-    # a non-positive wall time is no number: '?' in its cell, no ratio from it
+        "gemv_ffi: wall time inside jit unstable ('?'): per-run estimates spread too wide [all cases]",
+        "xla: jnp.dot/ffi from wall times ('w'): no profiler span in this file [all cases]"]
+    # a non-positive wall time is no number: '?' in its cell, the kernel times used instead
     rec["impls"]["gemv_ffi"]["wall"]["us"] = -0.4
     row = dict(zip(report.TABLE_HEADER, report.case_row(rec)))
-    assert row["gemv_ffi us"] == "?" and row["ffi/cupy"] == "1.06k"
+    assert row["ffi wall us"] == "?" and row["gemv_ffi us"] == "10.6k" and row["ffi/cupy"] == "1.06k"
     assert row["jnp.dot/ffi"] == f"{0.8 * 0.9 * 10.1 / 10.6:.2f}k"  # 0.69k
 
 
@@ -153,12 +165,12 @@ def test_jax_door_checks() -> None:
     got = report.check_jax_door(recs)
     assert [c["status"] for c in got] == ["PASS", "PASS"], got
     assert "8 cases: geometric mean 1.200, min 1.200" in got[0]["detail"]
-    worst = max(r["impls"]["gemv_ffi"]["wall"]["us"] / r["impls"]["gemvx"]["graph"]["us"] for r in recs)
+    worst = max(r["impls"]["gemv_ffi"]["span"]["us"] / r["impls"]["gemvx"]["graph"]["us"] for r in recs)
     assert f"max {worst:.3f} (float16 N b1 1024x1024); 0 above 1.05" in got[1]["detail"]
     # jnp.dot faster than the JAX door on one case; the JAX door 10% over the CuPy door on another
-    recs[1]["impls"]["xla"]["wall"]["us"] = 0.95 * recs[1]["impls"]["gemv_ffi"]["wall"]["us"]
-    recs[3]["impls"]["gemv_ffi"]["wall"]["us"] = 1.1 * recs[3]["impls"]["gemvx"]["graph"]["us"]
-    recs[3]["impls"]["xla"]["wall"]["us"] = 2 * recs[3]["impls"]["gemv_ffi"]["wall"]["us"]
+    recs[1]["impls"]["xla"]["span"]["us"] = 0.95 * recs[1]["impls"]["gemv_ffi"]["span"]["us"]
+    recs[3]["impls"]["gemv_ffi"]["span"]["us"] = 1.1 * recs[3]["impls"]["gemvx"]["graph"]["us"]
+    recs[3]["impls"]["xla"]["span"]["us"] = 2 * recs[3]["impls"]["gemv_ffi"]["span"]["us"]
     got = report.check_jax_door(recs)
     assert [c["status"] for c in got] == ["FAIL", "FAIL"]
     assert "1 below 1.00: float16 N b1 256x65536 0.95" in got[0]["detail"]
@@ -272,22 +284,22 @@ def test_load_older_files(tmp_path: Path) -> None:
 
 
 def test_load_files_with_profiler_times_only(tmp_path: Path) -> None:
-    """Files from before the wall time inside jit: their "jit" blocks (profiler) are read as
-    kernel times; the wall columns are empty, the JAX ratios are kernel vs kernel, marked k and
-    noted."""
+    """Files from before the span and the wall time inside jit: their "jit" blocks (profiler) are
+    read as kernel times; the wall columns are empty, the JAX times and ratios are kernel times,
+    marked k and noted."""
     old = [_case("float16", "N", 1, 1024, 1024, 2.5), _case("float16", "N", 1, 2048, 2048, 4.0)]
     for r in old:
         for k in ("gemv_ffi", "xla"):
             r["impls"][k]["jit"] = {"mode": "jit", **r["impls"][k].pop("kernel")}
-            del r["impls"][k]["wall"]
+            del r["impls"][k]["wall"], r["impls"][k]["span"]
     metas, records = report.load([_dump(tmp_path / "old.json", old)])
     im = records[0]["impls"]
     assert im["gemv_ffi"]["kernel"] == {"mode": "kernel", "us": pytest.approx(3.1)} and "jit" not in im["gemv_ffi"]
     row = dict(zip(report.TABLE_HEADER, report.case_row(records[0])))
-    assert (row["gemv_ffi us"], row["jnp.dot us"], row["ffi kern us"], row["dot kern us"]) == ("-", "-", "3.10", "2.50")
+    assert (row["gemv_ffi us"], row["jnp.dot us"], row["ffi wall us"], row["dot wall us"]) == ("3.10k", "2.50k", "-", "-")
     assert row["jnp.dot/ffi"] == f"{0.96 * 2.6 / 3.1:.2f}k" and row["ffi/cupy"] == f"{3.1 / 2.5:.2f}k"
     text = report.render(metas, records)
-    assert "xla: jnp.dot/ffi from profiler kernel times ('k'): no wall times inside jit in this file [all cases]" in text
+    assert "xla: jnp.dot/ffi from profiler kernel times ('k'): no span or wall times inside jit in this file [all cases]" in text
     assert "2 jnp.dot ratios are profiler kernel times" in text
 
 
@@ -296,24 +308,26 @@ def test_load_files_with_profiler_times_only(tmp_path: Path) -> None:
                                         and "impls" in json.loads(p.read_text())["results"][0]),
                          ids=lambda p: p.name)
 def test_committed_results_still_render(path: Path) -> None:
-    """Every committed bench.py JSON renders. Files from before the wall time (profiler only):
-    JAX numbers in the kernel columns and ratios marked k, no wall numbers made up. Files with
-    wall times: the wall columns filled and the ratio wall vs wall (not marked k)."""
+    """Every committed bench.py JSON renders. The JAX times and ratios come from the profiler's
+    span where a file has it (unmarked), else from wall times (marked w), else from kernel times
+    (marked k); no wall numbers made up."""
     metas, records = report.load([path])
     text = report.render(metas, records)
     md = report.render(metas, records, md=True)
     assert "TARGETS:" in text and "JAX door inside jit:" in md
     for rec in records:
         row = dict(zip(report.TABLE_HEADER, report.case_row(rec)))
-        has_wall = bool(report.timing(rec.get("impls", {}).get("gemv_ffi"), "wall"))
-        if has_wall:
-            assert row["gemv_ffi us"] not in ("-", "FAIL", "ERR"), row
-            if row["jnp.dot/ffi"] != "-":
-                assert not row["jnp.dot/ffi"].endswith("k"), row
-        else:
-            assert row["gemv_ffi us"] in ("-", "FAIL", "ERR") and row["jnp.dot us"] in ("-", "FAIL", "ERR"), row
-            if row["ffi kern us"] != "-" and row["jnp.dot/ffi"] != "-":
-                assert row["jnp.dot/ffi"].endswith("k"), row
+        ffi = rec.get("impls", {}).get("gemv_ffi")
+        mode = next((m for m in report.JIT_MODES if report.timing(ffi, m)), None)
+        if mode is None:
+            continue
+        mark = report._MARK.get(mode, "")
+        assert row["gemv_ffi us"].rstrip("?").endswith(mark) and row["gemv_ffi us"][0].isdigit(), row
+        if mode != "wall":
+            assert row["ffi wall us"] == report._cell(ffi, "wall"), row
+        x = report.ratios(rec).get("xla")
+        if x and report.timing(rec["impls"].get("xla"), mode):  # both have it: the ratio uses it
+            assert x["mode"] == mode and row["jnp.dot/ffi"].rstrip("?").endswith(mark), row
 
 
 def test_render_text_and_markdown(tmp_path: Path) -> None:
@@ -330,8 +344,8 @@ def test_render_text_and_markdown(tmp_path: Path) -> None:
     _, per = _bytes("float16", 1, 1024, 1024)
     gb = per / 2.2e-6 / 1e9
     assert cells[:7] == ["1024x1024", "2.0", "2.20", f"{gb:.0f}", f"{100 * gb / CEIL:.0f}", "4/1", "4.20"]
-    # gemv_ffi and jnp.dot wall, their kernel times, the ratios, best, ffi/cupy
-    assert cells[-10:] == ["2.30", "2.76", "2.80", "2.21", "1.50e", "1.30", "1.16", "1.20", "1.16",
+    # gemv_ffi and jnp.dot spans, their wall times, the ratios, best, ffi/cupy
+    assert cells[-10:] == ["2.30", "2.76", "2.70", "3.24", "1.50e", "1.30", "1.16", "1.20", "1.16",
                            f"{2.3 / 2.2:.2f}"]
     md = report.render(metas, records, md=True, plots=["benchmarks/plots/bench_N.png"])
     assert md.startswith("# gemvx benchmarks")
@@ -408,6 +422,15 @@ def test_kernel_time_from_profile() -> None:
     assert bench.kernel_us_per_call(ev, runs=3, calls=1) == [11.0 / 3]  # uneven: one mean
     with pytest.raises(RuntimeError, match="no GPU kernels"):
         bench.kernel_us_per_call(ev[:3], runs=1, calls=1)
+    # the span: first start to last end per run (the copies ignored) / calls
+    assert bench.span_us_per_call({"traceEvents": ev}, runs=2, calls=2) == [13.0 / 2, 13.5 / 2]
+    with pytest.raises(RuntimeError, match="do not cut into 3 runs"):
+        bench.span_us_per_call(ev, runs=3, calls=1)
+    # kernels that overlap count once, a gap counts: [0, 5] + [3, 8] + [12, 13] spans 13; their
+    # summed durations are 11
+    lap = ev[:2] + [{"ph": "X", "pid": 7, "ts": t, "dur": d, "name": "k"} for t, d in ((0, 5), (3, 5), (12, 1))]
+    assert bench.span_us_per_call(lap, runs=1, calls=3) == [13.0 / 3]
+    assert bench.kernel_us_per_call(lap, runs=1, calls=3) == [11.0 / 3]
 
 
 # ---- bench.py: the wall-time estimator inside jit --------------------------------------------
