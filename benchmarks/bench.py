@@ -389,8 +389,9 @@ def time_eager(fn: Callable[[int], Any], reps: int, replays: int, *, warmup: int
 # Timing inside jit (the JAX door and XLA)
 # =============================================================================================
 #
-# Primary: host wall time of one jitted program of R1 calls and of one of R2 = 2 x R1 calls, the
-# difference divided by R2 - R1 (the fixed cost of dispatching and waiting for a program cancels).
+# The number the ratios use: the profiler's span of the R1-call program (time_jit). Beside it, the
+# host wall time of one jitted program of R1 calls and of one of R2 = 2 x R1 calls, the difference
+# divided by R2 - R1 (the fixed cost of dispatching and waiting for a program cancels).
 JIT_WALL_S = 1e-3       # each timed sample spans >= this much estimated work between R1 and R2
 JIT_EXECS_MAX = 8       # back-to-back executions of a program per timed sample
 WALL_SPREAD_MAX = 0.10  # interquartile range of the per-run estimates / the estimate: above is unstable

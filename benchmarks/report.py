@@ -223,6 +223,18 @@ def spec_gbps(device_name: str | None) -> float | None:
     return None
 
 
+def _fallbacks(pairs: list[dict], verb: str) -> str:
+    """'; N <verb> wall times ...' for the JAX ratios among ``pairs`` that fell back from the span
+    to wall times, then to kernel times (older files); empty when none did."""
+    out = ""
+    for mode, what in (("wall", "wall times (files without the span, marked w)"),
+                       ("kernel", "profiler kernel times (files without span or wall times, marked k)")):
+        n = sum(1 for x in pairs if x["mode"] == mode)
+        if n:
+            out += f"; {n} {verb} {what}"
+    return out
+
+
 def _tag(rec: dict) -> str:
     d, lay, b, M, K = case_key(rec)
     return f"{d} {lay} b{b} {M}x{K}"
@@ -262,11 +274,7 @@ def check_targets(records: list[dict], device_name: str | None, spec: float | No
         shaky = sum(1 for _, _, rec in br if best_is_unstable(rec))
         if shaky:
             detail += f"; {shaky} best ratios rest on an unstable wall time inside jit (marked ?)"
-        for mode, what in (("wall", "wall times (files without the span, marked w)"),
-                           ("kernel", "profiler kernel times (files without span or wall times, marked k)")):
-            n = sum(1 for _, key, rec in br if key == "xla" and ratios(rec)["xla"]["mode"] == mode)
-            if n:
-                detail += f"; {n} jnp.dot ratios are {what}"
+        detail += _fallbacks([ratios(rec)["xla"] for _, key, rec in br if key == "xla"], "jnp.dot ratios are")
         add(name, "PASS" if ok else "FAIL", detail)
 
     # 2. large W: spec bandwidth and the measured read ceiling
@@ -361,11 +369,7 @@ def check_jax_door(records: list[dict]) -> list[dict]:
         shaky = sum(1 for x, _ in rows if x["unstable"])
         if shaky:
             detail += f"; {shaky} rest on an unstable wall time (marked ?)"
-        for mode, what in (("wall", "wall times (no span in these files, marked w)"),
-                           ("kernel", "profiler kernel times (no span or wall times in these files, marked k)")):
-            n = sum(1 for x, _ in rows if x["mode"] == mode)
-            if n:
-                detail += f"; {n} are {what}"
+        detail += _fallbacks([x for x, _ in rows], "are")
         out.append({"target": name, "status": "FAIL" if bad else "PASS", "detail": detail})
     return out
 
