@@ -59,9 +59,7 @@
   X(2, RowMajor, 256, 8, 2, 2, 1)             \
   X(3, RowMajor, 256, 16, 1, 4, 1)            \
   X(4, RowMajor, 256, 32, 1, 4, 1)            \
-  X(5, RowMajor, 256, 32, 2, 4, 1)            \
   X(6, RowMajor, 256, 32, 1, 8, 1)            \
-  X(7, RowMajor, 512, 32, 1, 4, 1)            \
   X(8, RowMajor, 256, 64, 1, 4, 1)            \
   X(9, RowMajor, 256, 128, 1, 4, 1)           \
   X(10, RowMajor, 256, 256, 1, 8, 1)          \
@@ -73,7 +71,6 @@
   X(16, RowMajor, 64, 64, 1, 4, 1)            \
   X(17, RowMajor, 128, 32, 1, 8, 1)           \
   X(18, RowMajor, 128, 128, 1, 4, 1)          \
-  X(19, RowMajor, 1024, 1024, 1, 4, 1)        \
   X(20, Transposed, 256, 32, 1, 4, 1)         \
   X(21, Transposed, 256, 64, 1, 4, 1)         \
   X(22, Transposed, 128, 32, 1, 8, 1)         \
@@ -119,6 +116,7 @@
   X(82, RowMajorPrefetch, 64, 64, 1, 4, 1) \
   X(83, RowMajorPrefetch, 128, 128, 1, 4, 1) \
   X(84, RowMajorPipelinedPrefetch, 128, 128, 1, 4, 1) \
+  X(86, RowMajorPipelined, 128, 32, 1, 2, 1)  \
   X(100, Quant, 128, 4, 1, 2, 8)              \
   X(101, Quant, 128, 4, 1, 4, 8)              \
   X(102, Quant, 128, 4, 2, 2, 8)              \

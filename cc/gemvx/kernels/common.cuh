@@ -11,23 +11,33 @@ namespace gemvx {
 namespace kernels {
 
 // Everything a kernel needs, passed by value. Strides are in elements.
+//
+// Field order matters for small shapes: the block lives in a constant bank, and the first read of
+// each 64-byte line of it on an SM is a miss that stalls the warp (in order, one line after
+// another). The fields are ordered by first use in the row-major and transposed kernels
+// (benchmarks/NOTES.md, "Kernel prologue").
 struct Args {
+  // Read before the first load (the kernel parameters start 16 bytes into a 64-byte line on
+  // sm_90, so these 112 bytes are two lines).
   const void* W;
   const void* x;
-  void* y;
-  const void* y_in;
-  float* ws;  // split-K partial sums: [split][group][vec][M] fp32
-  int64_t M, K, groups, nvec;
-  int64_t ldw, w_group;
-  int64_t x_vec, x_group;
-  int64_t y_vec, y_group;
-  int64_t y_in_vec, y_in_group;
+  int64_t M, K;
+  int64_t ldw;
   int64_t split_span;  // K-units (16-byte chunks for RowMajor, rows of W for Transposed) per split
   int64_t z_offset;    // first (group, vector-chunk) index of this launch
-  int32_t splits;      // 1: write y directly; >1: write partial sums to ws
+  int64_t w_group, x_group, x_vec;
+  int64_t nvec;
   int32_t vchunks;     // ceil(nvec / NV)
   int32_t prefetch_blocks;  // the first blocks (in launch order) that prefetch W: rowmajor_start
+  int32_t splits;      // 1: write y directly; >1: write partial sums to ws
   float alpha, beta;
+  // Read by the stores, and by batched, beta != 0 or split-K calls.
+  void* y;
+  int64_t y_vec, y_group;
+  int64_t groups;
+  const void* y_in;
+  int64_t y_in_vec, y_in_group;
+  float* ws;  // split-K partial sums: [split][group][vec][M] fp32
 };
 
 // Raw storage for one load: 16 bytes in the vector body, one element in the scalar path.
@@ -144,9 +154,14 @@ struct BlockWork {
   __device__ __forceinline__ explicit BlockWork(const Args& a) {
     split = blockIdx.y;
     const int64_t z = a.z_offset + blockIdx.z;
-    g = z / a.vchunks;
-    v0 = (z % a.vchunks) * NV;
-    nv = int(a.nvec - v0 < NV ? a.nvec - v0 : NV);
+    if (a.vchunks == 1) {  // one chunk of vectors per matrix: no division
+      g = z;
+      v0 = 0;
+    } else {
+      g = z / a.vchunks;
+      v0 = (z % a.vchunks) * NV;
+    }
+    nv = NV == 1 ? 1 : int(a.nvec - v0 < NV ? a.nvec - v0 : NV);  // v0 < nvec always
     W = static_cast<const T*>(a.W) + g * a.w_group;
     X = static_cast<const T*>(a.x) + g * a.x_group + v0 * a.x_vec;
   }

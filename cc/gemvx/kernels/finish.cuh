@@ -9,17 +9,21 @@ namespace kernels {
 
 template <typename T>
 __global__ void __launch_bounds__(256) finish(const Args a) {
+  const int64_t per_split = a.groups * a.nvec * a.M;
+  const bool one_vector = a.groups * a.nvec == 1;  // o is the row: no divisions
   pdl_wait();
   pdl_trigger();
-  const int64_t per_split = a.groups * a.nvec * a.M;
   for (int64_t o = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; o < per_split;
        o += int64_t(gridDim.x) * blockDim.x) {
     float s = 0.0f;
     for (int q = 0; q < a.splits; ++q) s += a.ws[q * per_split + o];
-    const int64_t m = o % a.M;
-    const int64_t gv = o / a.M;
-    const int64_t v = gv % a.nvec;
-    const int64_t g = gv / a.nvec;
+    int64_t m = o, v = 0, g = 0;
+    if (!one_vector) {
+      m = o % a.M;
+      const int64_t gv = o / a.M;
+      v = gv % a.nvec;
+      g = gv / a.nvec;
+    }
     float out = a.alpha * s;
     if (a.beta != 0.0f)
       out += a.beta * to_float(static_cast<const T*>(a.y_in)[g * a.y_in_group + v * a.y_in_vec + m]);

@@ -27,7 +27,6 @@ __global__ void __launch_bounds__(THREADS) gemv_rowmajor(const __grid_constant__
   if constexpr (NV == 1) {
     if (a.prefetch_blocks != 0) rowmajor_start<T, ROWS, (PIPE ? 2 : 1) * U * TPR, VEC>(&a);
   }
-  pdl_wait();
   const int lane = threadIdx.x % TPR;
   const int grp = threadIdx.x / TPR;
   const BlockWork<T, NV> bw(a);
@@ -52,6 +51,7 @@ __global__ void __launch_bounds__(THREADS) gemv_rowmajor(const __grid_constant__
   const int64_t nchunk = a.K / VW;
   const int64_t c_begin = min(int64_t(split) * a.split_span, nchunk);
   const int64_t c_end = min(c_begin + a.split_span, nchunk);
+  pdl_wait();  // after the index arithmetic (kernel parameters only), before any global access
 
   float acc[R][NV];
 #pragma unroll

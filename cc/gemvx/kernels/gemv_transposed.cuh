@@ -18,7 +18,6 @@ __global__ void __launch_bounds__(THREADS) gemv_transposed(const Args a) {
   using Chunk = Raw<T, VEC>;
   constexpr int KS = THREADS / CB;  // K slices per block
 
-  pdl_wait();
   const int ct = threadIdx.x % CB;
   const int ks = threadIdx.x / CB;
   const BlockWork<T, NV> bw(a);
@@ -33,6 +32,7 @@ __global__ void __launch_bounds__(THREADS) gemv_transposed(const Args a) {
   const int64_t m0 = (int64_t(blockIdx.x) * CB + ct) * VW;
   const int64_t k_begin = min(int64_t(split) * a.split_span, a.K);
   const int64_t k_end = min(k_begin + a.split_span, a.K);
+  pdl_wait();  // after the index arithmetic (kernel parameters only), before any global access
 
   float acc[NV][VW];
 #pragma unroll
