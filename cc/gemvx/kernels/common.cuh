@@ -4,6 +4,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cstddef>
 #include <cstdint>
 #include <type_traits>
 
@@ -39,6 +40,8 @@ struct Args {
   int64_t y_in_vec, y_in_group;
   float* ws;  // split-K partial sums: [split][group][vec][M] fp32
 };
+static_assert(offsetof(Args, y) == 112,
+              "Args: the fields read before the first load must stay in the first 112 bytes");
 
 // Raw storage for one load: 16 bytes in the vector body, one element in the scalar path.
 template <typename T, bool VEC>
