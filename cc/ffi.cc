@@ -106,38 +106,55 @@ ffi::Error workspace(ffi::RemainingRets rest, void** ptr, std::size_t* bytes) {
   return ffi::Error::Success();
 }
 
-ffi::Error GemvCuda(cudaStream_t stream, ffi::AnyBuffer W, ffi::AnyBuffer x, ffi::AnyBuffer y_in,
-                    ffi::Result<ffi::AnyBuffer> y, ffi::RemainingRets ws, int32_t trans,
-                    int64_t M, int64_t K, int64_t groups, int64_t nvec, int64_t ldw,
-                    int64_t w_group, int64_t x_vec, int64_t x_group, float alpha, float beta,
-                    int32_t config, int32_t splits) {
-  Problem p;
-  ffi::Error err = decode(W, x, y_in, *y, trans, M, K, groups, nvec, ldw, w_group, x_vec, x_group,
-                          alpha, beta, &p);
-  if (err.failure()) return err;
-  void* ws_ptr;
-  std::size_t ws_bytes;
-  err = workspace(ws, &ws_ptr, &ws_bytes);
-  if (err.failure()) return err;
-  const Status st = launch(p, config, splits, ws_ptr, ws_bytes, stream);
+// Runs a decoded call: the launcher on XLA's stream with the workspace result (CUDA), or the C++
+// reference (CPU, which needs no workspace).
+template <bool kCuda>
+ffi::Error run(const Problem& p, cudaStream_t stream, ffi::RemainingRets ws, int32_t config,
+               int32_t splits) {
+  Status st;
+  if constexpr (kCuda) {
+    void* ws_ptr;
+    std::size_t ws_bytes;
+    ffi::Error err = workspace(ws, &ws_ptr, &ws_bytes);
+    if (err.failure()) return err;
+    st = launch(p, config, splits, ws_ptr, ws_bytes, stream);
+  } else {
+    (void)stream;
+    (void)ws;
+    (void)config;
+    (void)splits;
+    st = reference(p);
+  }
   return st.ok() ? ffi::Error::Success() : status_error(st);
 }
 
-ffi::Error GemvCpu(ffi::AnyBuffer W, ffi::AnyBuffer x, ffi::AnyBuffer y_in,
-                   ffi::Result<ffi::AnyBuffer> y, ffi::RemainingRets ws, int32_t trans,
-                   int64_t M, int64_t K, int64_t groups, int64_t nvec, int64_t ldw, int64_t w_group,
-                   int64_t x_vec, int64_t x_group, float alpha, float beta, int32_t config,
-                   int32_t splits) {
-  (void)ws;
-  (void)config;
-  (void)splits;
+template <bool kCuda>
+ffi::Error Gemv(cudaStream_t stream, ffi::AnyBuffer W, ffi::AnyBuffer x, ffi::AnyBuffer y_in,
+                ffi::Result<ffi::AnyBuffer> y, ffi::RemainingRets ws, int32_t trans, int64_t M,
+                int64_t K, int64_t groups, int64_t nvec, int64_t ldw, int64_t w_group,
+                int64_t x_vec, int64_t x_group, float alpha, float beta, int32_t config,
+                int32_t splits) {
   Problem p;
   ffi::Error err = decode(W, x, y_in, *y, trans, M, K, groups, nvec, ldw, w_group, x_vec, x_group,
                           alpha, beta, &p);
   if (err.failure()) return err;
-  const Status st = reference(p);
-  return st.ok() ? ffi::Error::Success() : status_error(st);
+  return run<kCuda>(p, stream, ws, config, splits);
 }
+
+#define GEMVX_DENSE_PARAMS                                                                         \
+  ffi::AnyBuffer W, ffi::AnyBuffer x, ffi::AnyBuffer y_in, ffi::Result<ffi::AnyBuffer> y,           \
+      ffi::RemainingRets ws, int32_t trans, int64_t M, int64_t K, int64_t groups, int64_t nvec,     \
+      int64_t ldw, int64_t w_group, int64_t x_vec, int64_t x_group, float alpha, float beta,        \
+      int32_t config, int32_t splits
+#define GEMVX_DENSE_ARGS \
+  W, x, y_in, y, ws, trans, M, K, groups, nvec, ldw, w_group, x_vec, x_group, alpha, beta, config, splits
+
+ffi::Error GemvCuda(cudaStream_t stream, GEMVX_DENSE_PARAMS) {
+  return Gemv<true>(stream, GEMVX_DENSE_ARGS);
+}
+ffi::Error GemvCpu(GEMVX_DENSE_PARAMS) { return Gemv<false>(nullptr, GEMVX_DENSE_ARGS); }
+#undef GEMVX_DENSE_PARAMS
+#undef GEMVX_DENSE_ARGS
 
 // The attributes shared by both platforms, in the order of the handlers' parameters.
 template <typename B>
@@ -232,8 +249,7 @@ ffi::Error decode_quant(ffi::AnyBuffer W, ffi::AnyBuffer scales, ffi::AnyBuffer 
   return Error::Success();
 }
 
-// One handler body for both platforms: CUDA runs the launcher on XLA's stream, the CPU runs the
-// reference.
+// One handler body for both platforms (run: the launcher or the reference).
 template <bool kCuda>
 ffi::Error GemvQuant(cudaStream_t stream, ffi::AnyBuffer W, ffi::AnyBuffer scales,
                      ffi::AnyBuffer zeros, ffi::AnyBuffer x, ffi::AnyBuffer y_in,
@@ -242,17 +258,7 @@ ffi::Error GemvQuant(cudaStream_t stream, ffi::AnyBuffer W, ffi::AnyBuffer scale
   Problem p;
   ffi::Error err = decode_quant(W, scales, zeros, x, y_in, *y, at, &p);
   if (err.failure()) return err;
-  Status st;
-  if constexpr (kCuda) {
-    void* ws_ptr;
-    std::size_t ws_bytes;
-    err = workspace(ws, &ws_ptr, &ws_bytes);
-    if (err.failure()) return err;
-    st = launch(p, config, splits, ws_ptr, ws_bytes, stream);
-  } else {
-    st = reference(p);
-  }
-  return st.ok() ? ffi::Error::Success() : status_error(st);
+  return run<kCuda>(p, stream, ws, config, splits);
 }
 
 #define GEMVX_QUANT_PARAMS                                                                          \

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 ROW = re.compile(r"gemv_rowmajorI(\w+?)Li(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELb([01])ELb1E")
-TRN = re.compile(r"gemv_transposedI(\w+?)Li(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELb1E")
+TRN = re.compile(r"gemv_transposedI(\w+?)Li(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELb([01])ELb1E")
 # gemv_mma<T, THREADS, TPR, TILES, U, PIPE>, gemv_mma_t<T, THREADS, CB, TILES, U, PIPE>
 MMA = re.compile(r"gemv_mma(_t)?I(\w+?)Li(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELb[01]E")
 # gemv_tile<T, THREADS, BM, BKC, STAGES>, gemv_tile_t<T, THREADS, BMC, BKC, STAGES>: W and x
@@ -106,7 +106,7 @@ def main() -> int:
             n += o.startswith("LDG.E.NA.128")
         checked += 1
         if n < want:
-            pipelined = bool(m) and m.group(7) == "1"
+            pipelined = m.group(7) == "1" if m else t.group(6) == "1"
             if pipelined:
                 bad += 1
                 print(f"pipelined kernel issues only {n} of {want} loads before the first FMA: {name}")

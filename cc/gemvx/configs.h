@@ -21,6 +21,8 @@
 //              x loads and mma (two register sets in turn).
 //   Transposed (layout T, W stored (K, M) row-major): P1 = threads along M (each owns 16 bytes of
 //              consecutive outputs), P2 = 1; THREADS / P1 threads split K inside the block.
+//   TransposedPipelined: Transposed with the next step's rows loaded before the current step's
+//              math (one vector), as RowMajorPipelined.
 //   TransposedMma: several vectors on tensor cores (fp16/bf16; kernels/gemv_mma_t.cuh). P1 =
 //              16-byte column chunks per block as in Transposed, P2 = 32-column tiles per warp
 //              (P1 / (4 P2) warps along M, the other warps split K), NV = 16.
@@ -72,9 +74,7 @@
   X(17, RowMajor, 128, 32, 1, 8, 1)           \
   X(18, RowMajor, 128, 128, 1, 4, 1)          \
   X(20, Transposed, 256, 32, 1, 4, 1)         \
-  X(21, Transposed, 256, 64, 1, 4, 1)         \
   X(22, Transposed, 128, 32, 1, 8, 1)         \
-  X(23, Transposed, 256, 128, 1, 4, 1)        \
   X(24, Transposed, 512, 32, 1, 4, 1)         \
   X(25, Transposed, 256, 32, 1, 2, 4)         \
   X(26, Transposed, 256, 32, 1, 1, 16)        \
@@ -117,6 +117,10 @@
   X(83, RowMajorPrefetch, 128, 128, 1, 4, 1) \
   X(84, RowMajorPipelinedPrefetch, 128, 128, 1, 4, 1) \
   X(86, RowMajorPipelined, 128, 32, 1, 2, 1)  \
+  X(87, TransposedPipelined, 256, 8, 1, 4, 1) \
+  X(88, TransposedPipelined, 512, 16, 1, 4, 1) \
+  X(89, TransposedPipelined, 512, 32, 1, 4, 1) \
+  X(90, TransposedPipelined, 256, 32, 1, 4, 1) \
   X(100, Quant, 128, 4, 1, 2, 8)              \
   X(101, Quant, 128, 4, 1, 4, 8)              \
   X(102, Quant, 128, 4, 2, 2, 8)              \

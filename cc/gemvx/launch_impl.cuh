@@ -195,12 +195,14 @@ template <int THREADS, int TPR, int R, int U, int NV>
 using RowMajorPipelinedPrefetch = RowMajorFamily<5, THREADS, TPR, R, U, NV>;
 
 // MMA = false: CUDA cores, P2 = 1. MMA = true: tensor cores (gemv_mma_t) for 16-bit types on the
-// 16-byte body, P2 = 32-column tiles per warp, PIPE: software-pipelined W loads; fp32 and the
-// scalar variant run the CUDA-core kernel with the same threads, columns per block and splits
-// (so the grid is the same either way).
+// 16-byte body, P2 = 32-column tiles per warp. PIPE: software-pipelined W loads (CUDA cores: one
+// vector). fp32 and the scalar variant of a tensor-core config run the CUDA-core kernel
+// (unpipelined) with the same threads, columns per block and splits (so the grid is the same
+// either way).
 template <bool MMA, bool PIPE, int THREADS, int CB, int P2, int U, int NV>
 struct TransposedFamily {
-  static_assert(MMA || (P2 == 1 && !PIPE), "Transposed configs take P2 = 1");
+  static_assert(MMA || (P2 == 1 && (!PIPE || NV == 1)),
+                "Transposed configs take P2 = 1; the pipelined ones one vector");
   static_assert(!MMA || (NV == 16 && CB % (4 * P2) == 0 && (THREADS / 32) % (CB / (4 * P2)) == 0),
                 "tensor-core configs: P1 = 4 x P2 x warps along M, whole warps along K, 16 vectors");
   static constexpr bool kTrans = true;
@@ -222,11 +224,13 @@ struct TransposedFamily {
     if constexpr (MMA && VEC && sizeof(T) == 2)
       launch_kernel(kernels::gemv_mma_t<T, THREADS, CB, P2, U, PIPE>, grid, THREADS, s, a);
     else
-      launch_kernel(kernels::gemv_transposed<T, THREADS, CB, U, NV, VEC>, grid, THREADS, s, a);
+      launch_kernel(kernels::gemv_transposed<T, THREADS, CB, U, NV, PIPE && !MMA, VEC>, grid, THREADS, s, a);
   }
 };
 template <int THREADS, int CB, int P2, int U, int NV>
 using Transposed = TransposedFamily<false, false, THREADS, CB, P2, U, NV>;
+template <int THREADS, int CB, int P2, int U, int NV>
+using TransposedPipelined = TransposedFamily<false, true, THREADS, CB, P2, U, NV>;
 template <int THREADS, int CB, int P2, int U, int NV>
 using TransposedMma = TransposedFamily<true, false, THREADS, CB, P2, U, NV>;
 template <int THREADS, int CB, int P2, int U, int NV>
@@ -297,7 +301,7 @@ struct TransposedTile {
         return;
       }
     }
-    launch_kernel(kernels::gemv_transposed<T, THREADS, BMC, 1, NV, VEC>, grid, THREADS, s, a);
+    launch_kernel(kernels::gemv_transposed<T, THREADS, BMC, 1, NV, false, VEC>, grid, THREADS, s, a);
   }
 };
 

@@ -226,9 +226,10 @@ def fallback_rules(layout: str, dtype: str, batch: int, M: int, K: int, sm_count
     row while that leaves >= 3 blocks per SM, else 128 lanes (one row per block), else 256
     lanes and split-K. Batches of vectors take the multi-vector configs: tensor cores for 16-bit
     types (config 48, 64 rows per block sharing x, once M >= 8192; else 45), CUDA cores for
-    float32. Transposed (T): 32
-    threads span 16 bytes of columns each and the other threads of the block split K: 8 threads
-    across M (32-way K split inside the block) while M is narrow, 32 once it is wide; batches of
+    float32. Transposed (T): threads span 16 bytes of columns each and the other threads of the
+    block split K, with the next rows loaded during the current rows' math (the pipelined
+    configs won most points of the sm_90 grid): 8 threads across M (32-way K split inside the
+    block, config 87) while M is narrow, 32 once it is wide (config 90); batches of
     16-bit vectors take the tensor-core configs (52: 128 columns per block once M has 1024
     16-byte chunks, else 54: 64 columns), float32 batches the CUDA-core multi-vector ones.
     Either way, when the blocks cannot fill the GPU with resident threads, K is split (fixed-
@@ -268,7 +269,7 @@ def fallback_rules(layout: str, dtype: str, batch: int, M: int, K: int, sm_count
             # Tensor cores: 128 columns per block, 2 warps along K; 64 columns while M is narrow.
             cid = 52 if m_chunks >= 1024 else 54
         else:
-            cid = 26 if batch > 4 else 25 if batch > 1 else 28 if m_chunks < 1024 else 22
+            cid = 26 if batch > 4 else 25 if batch > 1 else 87 if m_chunks < 1024 else 90
         c = cfgs[cid]
         blocks = math.ceil(math.ceil(M / vw) / c["p1"]) * math.ceil(batch / c["max_vectors"])
         k_units = K

@@ -79,6 +79,12 @@ HOST_S_PER_CALL = 12e-6
 HOST_S_PER_POINT = 20e-3       # allocation, random operands, float64 reference
 BW_EST = 4.0e12
 LAUNCH_S = 2.0e-6
+# Measured / modelled time of the default grid's parts (H200, 2026-11-24: layout N batch 1 91.5 s
+# for 26497 timings; T batch 1 158.9 s for 20511; N batches 4 and 16 5.8 min for 41053; T batches
+# 4 and 16 5.9 min for 35565). The model above times every candidate at BW_EST; candidates of
+# the wrong shape run far slower than that, more of them in layout T and with several vectors.
+# Dense points only (the quantised grid was not measured against the model).
+CALIBRATION = {("N", False): 1.1, ("T", False): 2.5, ("N", True): 2.8, ("T", True): 3.2}
 
 
 class Point(NamedTuple):
@@ -214,7 +220,9 @@ def estimate_seconds(points: list[Point], n_cands: list[int], l2_bytes: int) -> 
         pl = timing_plan(p, l2_bytes)
         replay = pl.reps * pl.est_call_s + (flush_s if pl.flush else 0.0)
         per_timing = HOST_S_PER_TIMING + pl.reps * HOST_S_PER_CALL + (REPLAYS + 1) * replay
-        total += HOST_S_PER_POINT + pl.reps * call_bytes(p) / BW_EST + n * per_timing
+        point = HOST_S_PER_POINT + pl.reps * call_bytes(p) / BW_EST + n * per_timing
+        dense = quant_format(p.dtype) is None  # quantised points: not calibrated
+        total += point * (CALIBRATION[(p.layout, p.batch > 1)] if dense else 1.0)
     return total
 
 

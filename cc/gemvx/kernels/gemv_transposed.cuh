@@ -3,7 +3,9 @@
 // Each thread owns 16 bytes of consecutive outputs (VW columns) and walks K; CB threads span the
 // columns of a block (one warp reads 512 contiguous bytes of a row), and THREADS / CB slices of
 // the block split K, meeting in shared memory in a fixed order. UNROLL rows are in flight per
-// thread. Split-K across blocks as in the row-major kernel.
+// thread; PIPE (single-vector configs) issues the next step's UNROLL rows before the current
+// step's math, as the row-major kernel does, so a thread always has loads in flight. Split-K
+// across blocks as in the row-major kernel.
 #pragma once
 
 #include "common.cuh"
@@ -11,8 +13,9 @@
 namespace gemvx {
 namespace kernels {
 
-template <typename T, int THREADS, int CB, int U, int NV, bool VEC>
+template <typename T, int THREADS, int CB, int U, int NV, bool PIPE, bool VEC>
 __global__ void __launch_bounds__(THREADS) gemv_transposed(const Args a) {
+  static_assert(!PIPE || NV == 1, "pipelined transposed configs take one vector");
   static_assert(THREADS % CB == 0, "CB must divide THREADS");
   constexpr int VW = kVecWidth<T, VEC>;
   using Chunk = Raw<T, VEC>;
@@ -54,7 +57,36 @@ __global__ void __launch_bounds__(THREADS) gemv_transposed(const Args a) {
   if (m0 + VW <= a.M) {
     const T* wcol = W + m0;
     int64_t k = k_begin + ks;
-    for (; k + (U - 1) * KS < k_end; k += U * KS) {
+    if constexpr (PIPE) {
+      auto load_step = [&](Chunk (&w)[U], T (&xs)[U][NV], int64_t k0) {
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+          w[u] = load_stream(reinterpret_cast<const Chunk*>(wcol + (k0 + u * KS) * a.ldw));
+#pragma unroll
+        for (int u = 0; u < U; ++u) xs[u][0] = load_keep(xv[0] + k0 + u * KS);
+      };
+      if (k + (U - 1) * KS < k_end) {
+        Chunk w[U];
+        T xs[U][NV];
+        load_step(w, xs, k);
+#pragma unroll 1
+        for (k += U * KS; k + (U - 1) * KS < k_end; k += U * KS) {
+          Chunk wn[U];
+          T xn[U][NV];
+          load_step(wn, xn, k);
+#pragma unroll
+          for (int u = 0; u < U; ++u) fma_row(w[u], xs[u]);
+#pragma unroll
+          for (int u = 0; u < U; ++u) {
+            w[u] = wn[u];
+            xs[u][0] = xn[u][0];
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) fma_row(w[u], xs[u]);
+      }
+    }
+    for (; !PIPE && k + (U - 1) * KS < k_end; k += U * KS) {
       Chunk w[U];
       T xs[U][NV];
 #pragma unroll
