@@ -121,6 +121,8 @@
   X(88, TransposedPipelined, 512, 16, 1, 4, 1) \
   X(89, TransposedPipelined, 512, 32, 1, 4, 1) \
   X(90, TransposedPipelined, 256, 32, 1, 4, 1) \
+  X(91, TransposedPipelined, 1024, 8, 1, 4, 1) \
+  X(92, TransposedPipelined, 512, 8, 1, 4, 1) \
   X(100, Quant, 128, 4, 1, 2, 8)              \
   X(101, Quant, 128, 4, 1, 4, 8)              \
   X(102, Quant, 128, 4, 2, 2, 8)              \
