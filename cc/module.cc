@@ -143,7 +143,8 @@ NB_MODULE(_ext, m) {
         return (gemvx::launch_paths(p, config, splits) & gemvx::kPathTma) != 0;
       },
       nb::arg("plan"), nb::arg("W"), nb::arg("scales"), nb::arg("x"), nb::arg("config"), nb::arg("splits"),
-      "Whether launching this quantised plan with a QuantTma config runs the TMA kernel (for tests).");
+      "Whether launching this plan runs a TMA kernel (for tests): a quantised plan with a QuantTma "
+      "config, or a layout-T plan with a TransposedTma config (scales 0).");
   m.def(
       "uses_prefetch",
       [](const Problem& plan, uintptr_t W, uintptr_t x, int config, int splits) {

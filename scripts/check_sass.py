@@ -2,8 +2,9 @@
 loads (LDG.E.NA.128) (tensor-core kernels: feeding HMMA.16816; the shared-memory tile kernels
 must copy with cp.async (LDGSTS) and read fragments with LDSM), and every
 software-pipelined kernel must issue all UNROLL x R loads of a step before its first FMA
-(quantised kernels: all loads of a step before the first HMMA; the TMA kernel: tensor-map copies
-and 128-bit shared-memory loads into HMMA). For the other kernels ptxas
+(quantised kernels: all loads of a step before the first HMMA; the quantised TMA kernel:
+tensor-map copies and 128-bit shared-memory loads into HMMA; the layout-T TMA kernel: tensor-map
+copies and ldmatrix into HMMA). For the other kernels ptxas
 decides the order; a small source change once flipped it into interleaving loads with math (8-15%
 slower on large shapes, no other symptom), so their count is printed for comparison between
 builds. Runs with the GPU tests.
@@ -29,6 +30,8 @@ TILE = re.compile(r"gemv_tile(_t)?I(\w+?)Li(\d+)ELi(\d+)ELi(\d+)ELi(\d+)E")
 QNT = re.compile(r"gemv_quantI(\w+?)Li(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELb1E")
 # gemv_quant_tma<T, BITS, THREADS, SK, S, WT, SCALING>: W through shared memory by TMA (sm_90 only)
 QTMA = re.compile(r"gemv_quant_tmaI(\w+?)Li(\d+)ELi(\d+)ELi(\d+)ELi(\d+)E")
+# gemv_tma_t<T, THREADS, BMC, S>: layout T, W and x through shared memory by TMA (sm_90 only)
+TTMA = re.compile(r"gemv_tma_tI(\w+?)Li(\d+)ELi(\d+)ELi(\d+)E")
 
 
 def needs_ops(kind: str, ops: tuple[str, ...]):
@@ -46,6 +49,8 @@ check_mma = needs_ops("tensor-core", ("LDG.E.NA.128", "HMMA.16816.F32"))
 check_tile = needs_ops("tile", ("LDGSTS", "LDSM", "HMMA.16816.F32"))
 # TMA kernels: tensor-map copies (UTMALDG) read back with 128-bit shared loads (LDS.128) into HMMA.
 check_quant_tma = needs_ops("TMA", ("UTMALDG", "LDS.128", "HMMA.16816.F32"))
+# The layout-T TMA kernel: tensor-map copies read back with ldmatrix into HMMA.
+check_tma_t = needs_ops("TMA", ("UTMALDG", "LDSM", "HMMA.16816.F32"))
 
 
 def check_quant(name: str, body: str) -> str | None:
@@ -78,7 +83,7 @@ def main() -> int:
         if name in seen:
             continue
         check = next((c for rx, c in ((MMA, check_mma), (TILE, check_tile), (QNT, check_quant),
-                                                (QTMA, check_quant_tma))
+                                                (QTMA, check_quant_tma), (TTMA, check_tma_t))
                       if rx.search(name)), None)
         if check:
             seen.add(name)

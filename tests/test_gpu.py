@@ -331,6 +331,38 @@ def test_every_config(cp: Any, rng: np.random.Generator, cfg_id: int, dtype: str
     assert first.tobytes() == second.tobytes(), "not bitwise repeatable"
 
 
+TMA_T = [c["id"] for c in CONFIGS if c["family"] == "TransposedTma"]
+
+
+@pytest.mark.parametrize("cfg_id,dtype,case", cases(TMA_T, ("float16", "bfloat16"),
+                                                    ("whole", "split", "beta", "odd_k", "odd_m", "odd_x_stride")))
+def test_tma_transposed(cp: Any, rng: np.random.Generator, cfg_id: int, dtype: str, case: str) -> None:
+    """The TMA kernel of layout T (kernels/gemv_tma_t.cuh) on Hopper: a partial last block of
+    columns (boxes partly and wholly past M), a partial last stage (rows past K: the TMA's zero
+    fill), 19 vectors (a full chunk of 16 and a partial one), split-K, beta; W rows not on 16 bytes
+    (odd M) and x rows not on 16 bytes take the CUDA-core kernel. The poisoned output shows any
+    element not written."""
+    cfg = CONFIG_BY_ID[cfg_id]
+    cols, rows = 8 * cfg["p1"], 8 * cfg["p2"]  # per block, per stage
+    M = 2 * cols + 24 + (3 if case == "odd_m" else 0)
+    K = {"split": 7 * rows + 8, "odd_k": 3 * rows + 13}.get(case, 3 * rows + 24)
+    splits = 3 if case == "split" else 1
+    B = 19
+    W = random_array(rng, (K, M), dtype)
+    x_base = random_array(rng, (B, K + 1 if case == "odd_x_stride" else (K + 7) // 8 * 8 + 8), dtype)
+    x = x_base[:, :K]
+    W_d, x_d = cp.asarray(W), cp.asarray(x_base)[:, :K]
+    out = cp.empty((B, M), dtype=W_d.dtype)
+    prep = prepared_for(cp, W_d, x_d, out, True)
+    hopper = int(cp.cuda.Device().compute_capability) >= 90
+    takes = bool(_ext.uses_tma(prep.problem, prep.ptrs[0], 0, prep.ptrs[1], cfg_id, splits))
+    assert takes == (hopper and case not in ("odd_m", "odd_x_stride"))
+    assert _ext.effective_splits(prep.problem, cfg_id, splits) == splits
+    y_in = random_array(rng, (B, M), dtype) if case == "beta" else None
+    run_checked(cp, W, x, W_d=W_d, x_d=x_d, transpose=True, config=(cfg_id, splits) if splits > 1 else cfg_id,
+                alpha=0.75 if case == "beta" else 1.0, beta=-0.5 if case == "beta" else 0.0, y_in=y_in)
+
+
 MMA_T = [c["id"] for c in CONFIGS if c["layout"] == "T" and c["tensor_cores"]]
 
 

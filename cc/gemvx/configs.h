@@ -33,6 +33,11 @@
 //              UNROLL = stages (STAGES - 1 in flight), NV = 16.
 //   TransposedTile: the same for layout T (kernels/gemv_tile_t.cuh): P1 = 16-byte column chunks
 //              per block, P2 = 8-row groups of W per stage, UNROLL = stages, NV = 16.
+//   TransposedTma: TransposedTile on Hopper with W and x streamed by the TMA unit's bulk copies
+//              (kernels/gemv_tma_t.cuh): THREADS - 32 consumer threads and a producer warp, P1 =
+//              16-byte column chunks per block (whole 64-column boxes), P2 = 8 (64 rows of W per
+//              stage), UNROLL = stages, NV = 16. Other GPUs, fp32 and operands the copies cannot take run the Transposed
+//              kernel with THREADS - 32 threads and the same columns.
 //   Quant      (layout N, weight-only quantised W: int8, or int4 packed two per byte along K;
 //              tensor-core mma.m16n8k16 with fp32 accumulation): P1 = lanes that walk a row, four
 //              per warp (P1 / 4 warps split K for the same 16 rows), P2 = 16-row tiles per warp,
@@ -123,6 +128,11 @@
   X(90, TransposedPipelined, 256, 32, 1, 4, 1) \
   X(91, TransposedPipelined, 1024, 8, 1, 4, 1) \
   X(92, TransposedPipelined, 512, 8, 1, 4, 1) \
+  X(93, TransposedTma, 288, 32, 8, 4, 16)    \
+  X(94, TransposedTma, 288, 64, 8, 3, 16)    \
+  X(95, TransposedTma, 160, 16, 8, 6, 16)    \
+  X(96, TransposedTma, 288, 32, 8, 6, 16)    \
+  X(97, TransposedTma, 160, 16, 8, 4, 16)    \
   X(100, Quant, 128, 4, 1, 2, 8)              \
   X(101, Quant, 128, 4, 1, 4, 8)              \
   X(102, Quant, 128, 4, 2, 2, 8)              \

@@ -32,7 +32,8 @@ const ConfigInfo* find_config(int id);
 int effective_splits(const Problem& p, int config, int splits);
 
 // The paths a launch of this problem with this config takes on the current device, for tests:
-// kPathTma: a QuantTma config runs the TMA kernel (kernels/gemv_quant_tma.cuh), not its fallback;
+// kPathTma: a QuantTma or TransposedTma config runs its TMA kernel (kernels/gemv_quant_tma.cuh,
+// kernels/gemv_tma_t.cuh), not its fallback;
 // kPathPrefetch: the kernel asks L2 for its first W before it waits on the previous kernel
 // (kernels/common.cuh, Args::prefetch_blocks).
 constexpr int kPathTma = 1, kPathPrefetch = 2;

@@ -22,6 +22,7 @@
 #include "kernels/gemv_rowmajor.cuh"
 #include "kernels/gemv_tile.cuh"
 #include "kernels/gemv_tile_t.cuh"
+#include "kernels/gemv_tma_t.cuh"
 #include "kernels/gemv_transposed.cuh"
 #include "launch.h"
 
@@ -305,6 +306,92 @@ struct TransposedTile {
   }
 };
 
+// The tensor-map encoder of the driver (cuTensorMapEncodeTiled), found once through the runtime
+// so the library does not link the driver; null where the driver has none.
+using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+inline EncodeTiled encode_tiled() {
+  static const EncodeTiled fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &found) !=
+            cudaSuccess ||
+        found != cudaDriverEntryPointSuccess)
+      f = nullptr;
+    cudaGetLastError();
+    return reinterpret_cast<EncodeTiled>(f);
+  }();
+  return fn;
+}
+
+// Layout T, 16 vectors on tensor cores, W and x streamed by the TMA (kernels/gemv_tma_t.cuh):
+// THREADS - 32 consumer threads and a producer warp, P1 = BMC 16-byte column chunks per block
+// (whole 64-column boxes), P2 = 8 (64 rows of W per stage), U = S stages. Runs on Hopper with
+// 16-bit types and operands the TMA takes (plan); otherwise the CUDA-core kernel runs with
+// THREADS - 32 threads and the same columns per block and splits.
+template <int THREADS, int BMC, int BKC, int S, int NV>
+struct TransposedTma {
+  static_assert(NV == 16 && 8 * BKC == kernels::kTmaTRows, "TMA configs: 16 vectors, 64 rows per stage");
+  static constexpr bool kTrans = true;
+  static constexpr bool kPipelined = true;
+  static constexpr bool kTensorCores = true;
+  static constexpr int kThreads = THREADS, kNV = NV;
+  static constexpr int kSmem = kernels::tma_t_smem_bytes<BMC, S>();
+  static int64_t k_units(const Problem& p, int) { return p.K; }
+  static int64_t min_units_per_split() { return 8 * BKC; }
+  static int64_t round_span(int64_t s) { return (s + 8 * BKC - 1) / (8 * BKC) * (8 * BKC); }
+  static int64_t grid_x(const Problem& p, int vw) { return ((p.M + vw - 1) / vw + BMC - 1) / BMC; }
+  template <typename T>
+  static constexpr auto kKernel = kernels::gemv_tma_t<T, THREADS, BMC, S>;
+
+  // The TMA kernel's argument for a launch of the 16-byte body of a 16-bit type (the tensor maps
+  // of W and x), or false where it cannot take it: not Hopper, operands or strides not on 16
+  // bytes, or too little shared memory.
+  template <typename T>
+  static bool plan(const Args& a, kernels::TmaTArgs* t) {
+    const EncodeTiled encode = encode_tiled();
+    auto a16 = [](const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; };
+    if (!device_info().hopper || encode == nullptr || !a16(a.W) || !a16(a.x)) return false;
+    // Byte strides; a dimension of one entry takes any multiple of 16.
+    const int64_t ldw = a.K > 1 ? 2 * a.ldw : (2 * a.M + 15) / 16 * 16;
+    const int64_t w_group = a.groups > 1 ? 2 * a.w_group : ldw * a.K;
+    const int64_t x_vec = a.nvec > 1 ? 2 * a.x_vec : (2 * a.K + 15) / 16 * 16;
+    const int64_t x_group = a.groups > 1 ? 2 * a.x_group : x_vec * a.nvec;
+    if (ldw % 16 != 0 || w_group % 16 != 0 || x_vec % 16 != 0 || x_group % 16 != 0) return false;
+    static std::atomic<int8_t> state[64] = {};
+    if (!smem_ok(kKernel<T>, kSmem, state)) return false;
+    *t = kernels::TmaTArgs{};
+    t->a = a;
+    const cuuint32_t step[3] = {1, 1, 1};
+    auto map = [&](CUtensorMap* m, const void* base, cuuint64_t d0, cuuint64_t d1, cuuint64_t d2,
+                   int64_t s1, int64_t s2, cuuint32_t b0, cuuint32_t b1) {
+      const cuuint64_t dims[3] = {d0, d1, d2};
+      const cuuint64_t strides[2] = {cuuint64_t(s1), cuuint64_t(s2)};
+      const cuuint32_t box[3] = {b0, b1, 1};
+      return encode(m, CU_TENSOR_MAP_DATA_TYPE_UINT16, 3, const_cast<void*>(base), dims, strides, box, step,
+                    CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                    CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+    };
+    return map(&t->wmap, a.W, cuuint64_t(a.M), cuuint64_t(a.K), cuuint64_t(a.groups), ldw, w_group, 64,
+               kernels::kTmaTRows) &&
+           map(&t->xmap, a.x, cuuint64_t(a.K), cuuint64_t(a.nvec), cuuint64_t(a.groups), x_vec, x_group,
+               kernels::kTmaTRows, 16);
+  }
+  template <typename T, bool VEC>
+  static void launch(dim3 grid, cudaStream_t s, const Args& a) {
+    if constexpr (VEC && sizeof(T) == 2) {
+      kernels::TmaTArgs t;
+      if (plan<T>(a, &t)) {
+        launch_kernel(kKernel<T>, grid, THREADS, s, t, kSmem);
+        return;
+      }
+    }
+    launch_kernel(kernels::gemv_transposed<T, THREADS - 32, BMC, 1, NV, false, VEC>, grid, THREADS - 32,
+                  s, a);
+  }
+};
+
 // Layout N, weight-only quantised W (Problem::wbits 4 or 8), tensor-core mma with fp32
 // accumulation (kernels/gemv_quant.cuh). P1 = lanes that walk a row (4 per warp: P1 / 4 warps
 // split K for the same rows), R = 16-row m-tiles per warp, U = chunks per lane in flight, NV =
@@ -343,24 +430,6 @@ struct Quant {
   }
 };
 
-// The tensor-map encoder of the driver (cuTensorMapEncodeTiled), found once through the runtime
-// so the library does not link the driver; null where the driver has none.
-using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-inline EncodeTiled encode_tiled() {
-  static const EncodeTiled fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &found) !=
-            cudaSuccess ||
-        found != cudaDriverEntryPointSuccess)
-      f = nullptr;
-    cudaGetLastError();
-    return reinterpret_cast<EncodeTiled>(f);
-  }();
-  return fn;
-}
 
 // Layout N, quantised W streamed through shared memory by TMA (Hopper; kernels/gemv_quant_tma.cuh):
 // THREADS = 32 x (consumer warps + 1), P1 = SK bytes of each row per stage, P2 = S stages per
@@ -504,6 +573,10 @@ template <typename Fam>
 struct IsQuantTma : std::false_type {};
 template <int THREADS, int SK, int S, int U, int NV>
 struct IsQuantTma<QuantTma<THREADS, SK, S, U, NV>> : std::true_type {};
+template <typename Fam>
+struct IsTransposedTma : std::false_type {};
+template <int THREADS, int BMC, int BKC, int S, int NV>
+struct IsTransposedTma<TransposedTma<THREADS, BMC, BKC, S, NV>> : std::true_type {};
 
 #define GEMVX_INFO(id, fam, th, p1, p2, u, nv)                                            \
   ConfigInfo{id, fam<th, p1, p2, u, nv>::kTrans, fam<th, p1, p2, u, nv>::kPipelined,         \
@@ -713,10 +786,16 @@ Status run(const Problem& p, int splits, void* ws, std::size_t ws_size, cudaStre
     return run_dense<Fam>(p, splits, ws, ws_size, stream);
 }
 
-// Whether the launch of a QuantTma config would take the TMA kernel (its first grid slice).
+// Whether the launch of a QuantTma or TransposedTma config would take the TMA kernel (its first
+// grid slice).
 template <typename Fam>
 bool tma_for(const Problem& p, int splits) {
-  if constexpr (!IsQuantTma<Fam>::value) {
+  if constexpr (IsTransposedTma<Fam>::value) {
+    if (!p.trans || p.wbits != 0 || p.dtype == DType::kFloat32 || !vector_ok(p) || p.K == 0) return false;
+    (void)splits;
+    kernels::TmaTArgs t;
+    return Fam::template plan<__half>(make_args(p), &t);
+  } else if constexpr (!IsQuantTma<Fam>::value) {
     return false;
   } else {
     if (p.trans || !quant_vector_ok(p) || p.K == 0 || p.K > kMaxQuantK) return false;

@@ -37,6 +37,7 @@
 #include <cuda.h>
 
 #include "gemv_quant.cuh"
+#include "tma.cuh"
 
 namespace gemvx {
 namespace kernels {
@@ -57,42 +58,6 @@ constexpr std::size_t quant_tma_smem(int nv, int x_elems) {
          std::size_t(2) * (CW / WT) * (WT - 1) * 32 * 16;
 }
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-namespace tma {
-__device__ __forceinline__ uint32_t addr(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
-__device__ __forceinline__ void init(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void expect(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void wait(uint32_t bar, uint32_t parity) {
-  asm volatile(
-      "{\n .reg .pred p;\n WAIT_%=:\n mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-      " @!p bra WAIT_%=;\n}" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-}
-// bytes (a multiple of 16) from global src (16-byte aligned) to shared dst, counted on bar.
-__device__ __forceinline__ void copy(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
-      "l"(src), "r"(bytes), "r"(bar)
-      : "memory");
-}
-// The box at (c0, c1, c2) of the tensor map to shared dst, counted on bar.
-__device__ __forceinline__ void box(uint32_t dst, const CUtensorMap* map, int c0, int c1, int c2, uint32_t bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], "
-      "[%5];" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
-      : "memory");
-}
-}  // namespace tma
-#endif
 
 template <typename T, int BITS, int THREADS, int SK, int S, int WT, Scaling SC>
 __global__ void __launch_bounds__(THREADS) gemv_quant_tma(const __grid_constant__ QuantTmaArgs p) {
