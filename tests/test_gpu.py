@@ -335,23 +335,27 @@ TMA_T = [c["id"] for c in CONFIGS if c["family"] == "TransposedTma"]
 
 
 @pytest.mark.parametrize("cfg_id,dtype,case", cases(TMA_T, ("float16", "bfloat16"),
-                                                    ("whole", "split", "beta", "odd_k", "odd_m", "odd_x_stride")))
+                                                    ("whole", "split", "beta", "odd_k", "odd_m", "odd_m_one_vector",
+                                                     "odd_x_stride")))
 def test_tma_transposed(cp: Any, rng: np.random.Generator, cfg_id: int, dtype: str, case: str) -> None:
     """The TMA kernel of layout T (kernels/gemv_tma_t.cuh) on Hopper: a partial last block of
     columns (boxes partly and wholly past M), a partial last stage (rows past K: the TMA's zero
     fill), 19 vectors (a full chunk of 16 and a partial one), split-K, beta; W rows not on 16 bytes
-    (odd M) and x rows not on 16 bytes take the CUDA-core kernel. The poisoned output shows any
-    element not written."""
+    (odd M) and x rows not on 16 bytes take the CUDA-core kernel. odd_m_one_vector: an odd M in
+    padded rows of W (the TMA kernel) and one vector, so y's one row ends in a partial 16-byte
+    piece. The poisoned output shows any element not written."""
     cfg = CONFIG_BY_ID[cfg_id]
     cols, rows = 8 * cfg["p1"], 8 * cfg["p2"]  # per block, per stage
-    M = 2 * cols + 24 + (3 if case == "odd_m" else 0)
+    M = 2 * cols + 24 + (3 if case.startswith("odd_m") else 0)
     K = {"split": 7 * rows + 8, "odd_k": 3 * rows + 13}.get(case, 3 * rows + 24)
     splits = 3 if case == "split" else 1
-    B = 19
-    W = random_array(rng, (K, M), dtype)
+    B = 1 if case == "odd_m_one_vector" else 19
+    pad = (-M) % 8 + 8 if case == "odd_m_one_vector" else 0  # rows of M + pad elements: on 16 bytes
+    W_base = random_array(rng, (K, M + pad), dtype)
+    W = W_base[:, :M]
     x_base = random_array(rng, (B, K + 1 if case == "odd_x_stride" else (K + 7) // 8 * 8 + 8), dtype)
     x = x_base[:, :K]
-    W_d, x_d = cp.asarray(W), cp.asarray(x_base)[:, :K]
+    W_d, x_d = cp.asarray(W_base)[:, :M], cp.asarray(x_base)[:, :K]
     out = cp.empty((B, M), dtype=W_d.dtype)
     prep = prepared_for(cp, W_d, x_d, out, True)
     hopper = int(cp.cuda.Device().compute_capability) >= 90
@@ -359,8 +363,41 @@ def test_tma_transposed(cp: Any, rng: np.random.Generator, cfg_id: int, dtype: s
     assert takes == (hopper and case not in ("odd_m", "odd_x_stride"))
     assert _ext.effective_splits(prep.problem, cfg_id, splits) == splits
     y_in = random_array(rng, (B, M), dtype) if case == "beta" else None
+    alpha = {"beta": 0.75, "odd_m_one_vector": -1.5}.get(case, 1.0)
     run_checked(cp, W, x, W_d=W_d, x_d=x_d, transpose=True, config=(cfg_id, splits) if splits > 1 else cfg_id,
-                alpha=0.75 if case == "beta" else 1.0, beta=-0.5 if case == "beta" else 0.0, y_in=y_in)
+                alpha=alpha, beta=-0.5 if case == "beta" else 0.0, y_in=y_in)
+
+
+# Multi-vector tensor-core configs whose kernels store y's rows through shared memory
+# (kernels/gemv_mma.cuh, store_tile_rows).
+ROWS_STORE = [c["id"] for c in CONFIGS if c["tensor_cores"] and c["max_vectors"] > 1
+              and c["family"] not in ("TransposedMma", "TransposedMmaPipelined")]
+
+
+@pytest.mark.parametrize("cfg_id,dtype,case", cases(ROWS_STORE, ("float16", "bfloat16"),
+                                                    ("vectors", "one_vector_odd_m", "split")))
+def test_rows_store(cp: Any, rng: np.random.Generator, cfg_id: int, dtype: str, case: str) -> None:
+    """Where the final y has rows on 16 bytes and beta = 0, the multi-vector kernels stage their
+    outputs in shared memory and store whole 16-byte pieces of y's rows: 19 vectors with M a
+    multiple of 8 (a full chunk of 16 vectors and a partial one, a partial last block of outputs),
+    K % 8 = 7 in padded rows (layout N: the K tail is added before the store), alpha -1.5; one
+    vector and an odd M (every row ends in a partial piece); split-K (the element-wise store of
+    the partial sums, then the finish pass) for comparison."""
+    cfg = CONFIG_BY_ID[cfg_id]
+    transpose = cfg["layout"] == "T"
+    M, K = (1001 if case == "one_vector_odd_m" else 1000), (8191 if case == "split" else 1031)
+    B = 1 if case == "one_vector_odd_m" else 19
+    splits = 3 if case == "split" else 1
+    w_base_shape, w_view = matrix_view("padded", stored_shape(M, K, transpose))
+    x_base_shape, x_view = vector_view("padded", (B, K))
+    w_base, x_base = random_array(rng, w_base_shape, dtype), random_array(rng, x_base_shape, dtype)
+    W_h, x_h = w_view(w_base), x_view(x_base)
+    W_d, x_d = w_view(cp.asarray(w_base)), x_view(cp.asarray(x_base))
+    prep = prepared_for(cp, W_d, x_d, cp.empty((B, M), dtype=W_d.dtype), transpose)
+    assert vector_eligible(prep, W_d.itemsize)
+    assert _ext.effective_splits(prep.problem, cfg_id, splits) == splits
+    run_checked(cp, W_h, x_h, W_d=W_d, x_d=x_d, transpose=transpose, alpha=-1.5,
+                config=(cfg_id, splits) if splits > 1 else cfg_id)
 
 
 MMA_T = [c["id"] for c in CONFIGS if c["layout"] == "T" and c["tensor_cores"]]

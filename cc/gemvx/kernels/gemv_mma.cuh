@@ -58,6 +58,98 @@ __device__ __forceinline__ void mma_chunk(float (&acc)[TILES][4], const uint4 (&
   }
 }
 
+// The outputs of a tensor-core warp that owns WN outputs from m0 (rows of W in layout N, columns
+// in layout T) and 16 vectors: lane (gq, t) holds vectors gq and gq + 8 at outputs 8j + 2t,
+// 8j + 2t + 1 of each 8-output tile j (the mma.m16n8k16 accumulator layout, W as the B operand).
+// f(j, i, v, m) is called for each of the lane's acc[j][i] with vector v < nv and output m < M.
+template <int WN, typename F>
+__device__ __forceinline__ void for_each_output(int nv, int64_t M, int64_t m0, F&& f) {
+  const int lane = threadIdx.x % 32;
+  const int gq = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int j = 0; j < WN / 8; ++j)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int v = gq + (i >= 2 ? 8 : 0);
+      const int64_t m = m0 + j * 8 + 2 * t + (i & 1);
+      if (v < nv && m < M) f(j, i, v, m);
+    }
+}
+
+// The epilogue of such a warp, vectors from v0: one store_output per element.
+template <typename T, int WN>
+__device__ __forceinline__ void store_tile(const Args& a, int split, int64_t g, int64_t v0, int nv,
+                                           int64_t m0, const float (&acc)[WN / 8][4]) {
+  for_each_output<WN>(nv, a.M, m0, [&](int j, int i, int v, int64_t m) {
+    store_output<T>(a, split, g, v0 + v, m, acc[j][i]);
+  });
+}
+
+// Whether a tile's outputs can leave through store_tile_rows: the final y (no split-K
+// partials), beta = 0 (y_in not read), and every row of y (each vector's, each matrix's) starting
+// on 16 bytes. The same for every block of a launch.
+template <typename T>
+__device__ __forceinline__ bool rows_storable(const Args& a) {
+  const auto on16 = [](int64_t elems) { return (elems * int64_t(sizeof(T))) % 16 == 0; };
+  return a.splits == 1 && a.beta == 0.0f && (reinterpret_cast<uintptr_t>(a.y) & 15u) == 0 &&
+         (a.nvec <= 1 || on16(a.y_vec)) && (a.groups <= 1 || on16(a.y_group));
+}
+
+// store_tile for rows_storable calls, through `stage` (the warp's own 16 x (WN + 8) elements of
+// shared memory, 16-byte aligned): the warp writes its outputs there as pairs (the 8 elements of
+// padding per row put the 32 lanes' pairs in 32 different banks), then each lane stores 16-byte
+// pieces of the 16 rows, so y receives whole 32-byte sectors instead of one partial sector per
+// 8-byte group of lanes (a quarter of the L2 write requests).
+template <typename T, int WN>
+__device__ __forceinline__ void store_tile_rows(const Args& a, int64_t g, int64_t v0, int nv, int64_t m0,
+                                                const float (&acc)[WN / 8][4], T* stage) {
+  static_assert(WN % 8 == 0, "whole 16-byte pieces per row");
+  constexpr int LD = WN + 8;  // elements per staged row
+  const int lane = threadIdx.x % 32;
+  const int gq = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int j = 0; j < WN / 8; ++j)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      union {
+        T e[2];
+        uint32_t u;
+      } pair;
+      pair.e[0] = from_float<T>(a.alpha * acc[j][2 * h]);
+      pair.e[1] = from_float<T>(a.alpha * acc[j][2 * h + 1]);
+      *reinterpret_cast<uint32_t*>(stage + (gq + 8 * h) * LD + 8 * j + 2 * t) = pair.u;
+    }
+  __syncwarp();
+  T* y = static_cast<T*>(a.y) + g * a.y_group + v0 * a.y_vec + m0;
+#pragma unroll
+  for (int it = 0; it < (WN + 15) / 16; ++it) {
+    const int idx = it * 32 + lane;
+    const int v = idx / (WN / 8), c = idx % (WN / 8);
+    const int64_t m = m0 + 8 * c;
+    if ((WN % 16 != 0 && v >= 16) || v >= nv || m >= a.M) continue;
+    const uint4 piece = *reinterpret_cast<const uint4*>(stage + v * LD + 8 * c);
+    T* dst = y + v * a.y_vec + 8 * c;
+    if (m + 8 <= a.M) {
+      *reinterpret_cast<uint4*>(dst) = piece;
+    } else {
+      const T* e = reinterpret_cast<const T*>(&piece);
+      for (int i = 0; i < int(a.M - m); ++i) dst[i] = e[i];
+    }
+  }
+}
+
+// The K % 8 elements of layout N after the last whole 16-byte chunk (from k = k0), added to a
+// warp's tile (see for_each_output) by the lane that holds each output.
+template <typename T, int WN>
+__device__ __forceinline__ void add_k_tail(const Args& a, const T* W, const T* X, int nv, int64_t m0,
+                                           int64_t k0, float (&acc)[WN / 8][4]) {
+  for_each_output<WN>(nv, a.M, m0, [&](int j, int i, int v, int64_t m) {
+    const T* wr = W + m * a.ldw;
+    const T* xr = X + int64_t(v) * a.x_vec;
+    for (int64_t k = k0; k < a.K; ++k) acc[j][i] = fmaf(to_float(wr[k]), to_float(xr[k]), acc[j][i]);
+  });
+}
+
 template <typename T, int THREADS, int TPR, int TILES, int U, bool PIPE>
 __global__ void __launch_bounds__(THREADS) gemv_mma(const Args a) {
   constexpr int NV = 16;
@@ -192,22 +284,18 @@ __global__ void __launch_bounds__(THREADS) gemv_mma(const Args a) {
         for (int i = 0; i < 4; ++i) acc[j][i] += red[q][wr][j * 4 + i][lane];
   }
 
-  const bool tail = split == a.splits - 1 && nchunk * VW < a.K;
-#pragma unroll
-  for (int j = 0; j < TILES; ++j)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int v = gq + (i >= 2 ? 8 : 0);
-      const int64_t m = row0 + j * 8 + 2 * t + (i & 1);
-      if (v >= nv || m >= a.M) continue;
-      float s = acc[j][i];
-      if (tail) {  // the K % 8 elements after the last whole chunk
-        const T* wr = W + m * a.ldw;
-        const T* xr = X + int64_t(v) * a.x_vec;
-        for (int64_t k = nchunk * VW; k < a.K; ++k) s = fmaf(to_float(wr[k]), to_float(xr[k]), s);
-      }
-      store_output<T>(a, split, g, v0 + v, m, s);
+  if (split == a.splits - 1 && nchunk * VW < a.K) add_k_tail<T, 8 * TILES>(a, W, X, nv, row0, nchunk * VW, acc);
+  // Warps of one 8-row tile store through shared memory too, but gain little there (a 16-byte
+  // piece per vector either way) and config 40 ran up to 1.4 times slower with that code in the
+  // kernel (H100, benchmarks/NOTES.md): only warps of two or more tiles take it.
+  if constexpr (TILES >= 2) {
+    if (rows_storable<T>(a)) {
+      __shared__ __align__(16) T stage[WR][16 * (8 * TILES + 8)];
+      store_tile_rows<T, 8 * TILES>(a, g, v0, nv, row0, acc, stage[wr]);
+      return;
     }
+  }
+  store_tile<T, 8 * TILES>(a, split, g, v0, nv, row0, acc);
 }
 
 }  // namespace kernels

@@ -37,11 +37,23 @@ template <int N>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* smem) {
-  const unsigned a = unsigned(__cvta_generic_to_shared(smem));
+// ldmatrix of four 8x8 matrices of 16-bit elements (per lane: the address of one row), plain and
+// transposed, at a 32-bit shared-window address or at a generic pointer into shared memory.
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t a) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(a));
+}
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], uint32_t a) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* smem) {
+  ldsm_x4(r, uint32_t(__cvta_generic_to_shared(smem)));
+}
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const void* smem) {
+  ldsm_x4_trans(r, uint32_t(__cvta_generic_to_shared(smem)));
 }
 
 // The block's stage loop: load_stage(buf, step) issues the copies of stage `step` into buffer buf,
@@ -157,27 +169,16 @@ __global__ void __launch_bounds__(THREADS) gemv_tile(const Args a) {
   run_stages<STAGES>(steps, load_stage, compute);
   pdl_trigger();
 
-  // Lane (gq, t) holds D[gq][2t], D[gq][2t+1], D[gq+8][2t], D[gq+8][2t+1] of each 8-row tile j:
-  // vector gq (+8), rows 8j + 2t (+1) of the warp's rows. This is gemv_mma's store, written out
-  // again: sharing it as a function changed gemv_mma's register allocation throughout (cuobjdump),
-  // which its measured configs would then need re-timing for.
-  const int gq = lane / 4, t = lane % 4;
-  const bool tail = split == a.splits - 1 && nchunk * VW < a.K;
-#pragma unroll
-  for (int j = 0; j < R / 8; ++j)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int v = gq + (i >= 2 ? 8 : 0);
-      const int64_t m = row0 + warp * R + j * 8 + 2 * t + (i & 1);
-      if (v >= nv || m >= a.M) continue;
-      float s = acc[j][i];
-      if (tail) {  // the K % 8 elements after the last whole chunk
-        const T* wr = W + m * a.ldw;
-        const T* xr = X + int64_t(v) * a.x_vec;
-        for (int64_t k = nchunk * VW; k < a.K; ++k) s = fmaf(to_float(wr[k]), to_float(xr[k]), s);
-      }
-      store_output<T>(a, split, g, v0 + v, m, s);
-    }
+  const int64_t m0 = row0 + warp * R;
+  if (split == a.splits - 1 && nchunk * VW < a.K) add_k_tail<T, R>(a, W, X, nv, m0, nchunk * VW, acc);
+  if (rows_storable<T>(a)) {
+    // Through the ring, once every warp is done with its last stage (no copies are in flight).
+    static_assert(WARPS * 16 * (R + 8) * int(sizeof(T)) <= STAGES * STAGE * 16, "staged outputs fit the ring");
+    __syncthreads();
+    store_tile_rows<T, R>(a, g, v0, nv, m0, acc, reinterpret_cast<T*>(smem) + warp * 16 * (R + 8));
+  } else {
+    store_tile<T, R>(a, split, g, v0, nv, m0, acc);
+  }
 }
 
 }  // namespace kernels

@@ -24,13 +24,6 @@
 namespace gemvx {
 namespace kernels {
 
-__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const void* smem) {
-  const unsigned a = unsigned(__cvta_generic_to_shared(smem));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(a));
-}
-
 // Dynamic shared memory of one block: STAGES x (8 BKC rows x BMC chunks of W + 16 x BKC of x).
 template <int BMC, int BKC, int STAGES>
 constexpr int tile_t_smem_bytes() {
@@ -129,17 +122,15 @@ __global__ void __launch_bounds__(THREADS) gemv_tile_t(const Args a) {
   run_stages<STAGES>(steps, load_stage, compute);
   pdl_trigger();
 
-  // Lane (gq, t) holds vectors gq and gq + 8 at columns 8j + 2t, 8j + 2t + 1 of each 8-column tile
-  // j of the warp.
-  const int gq = lane / 4, t = lane % 4;
-#pragma unroll
-  for (int j = 0; j < WN / 8; ++j)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int v = gq + (i >= 2 ? 8 : 0);
-      const int64_t m = col0 + warp * WN + j * 8 + 2 * t + (i & 1);
-      if (v < nv && m < a.M) store_output<T>(a, split, g, v0 + v, m, acc[j][i]);
-    }
+  if (rows_storable<T>(a)) {
+    // Through the ring, once every warp is done with its last stage (no copies are in flight).
+    static_assert(WARPS * 16 * (WN + 8) * int(sizeof(T)) <= STAGES * (W_SLOTS + X_CHUNKS) * 16,
+                  "staged outputs fit the ring");
+    __syncthreads();
+    store_tile_rows<T, WN>(a, g, v0, nv, col0 + warp * WN, acc, reinterpret_cast<T*>(smem) + warp * 16 * (WN + 8));
+  } else {
+    store_tile<T, WN>(a, split, g, v0, nv, col0 + warp * WN, acc);
+  }
 }
 
 }  // namespace kernels

@@ -125,12 +125,12 @@ __global__ void __launch_bounds__(THREADS, 1) gemv_tma_t(const __grid_constant__
 #pragma unroll
     for (int kk = 0; kk < KR / 16; ++kk) {
       uint32_t af[4];
-      tma::ldsm_x4(af, base + xa + 16 * ((2 * kk + hi) ^ sw));
+      ldsm_x4(af, base + xa + 16 * ((2 * kk + hi) ^ sw));
 #pragma unroll
       for (int q = 0; q < WN / 16; ++q) {
         const int c = c0 + 2 * q;
         uint32_t bf[4];
-        tma::ldsm_x4_trans(bf, base + (c / 8) * BOX + 16 * kk * 128 + wb + 16 * ((c % 8) ^ sw));
+        ldsm_x4_trans(bf, base + (c / 8) * BOX + 16 * kk * 128 + wb + 16 * ((c % 8) ^ sw));
         mma_16816(acc[2 * q], af, bf[0], bf[1], T{});
         mma_16816(acc[2 * q + 1], af, bf[2], bf[3], T{});
       }
@@ -140,17 +140,17 @@ __global__ void __launch_bounds__(THREADS, 1) gemv_tma_t(const __grid_constant__
   }
   pdl_trigger();
 
-  // Lane (gq, t) holds vectors gq and gq + 8 at columns 8j + 2t, 8j + 2t + 1 of each 8-column tile
-  // j of the warp (as gemv_tile_t).
-  const int gq = lane / 4, t = lane % 4;
-#pragma unroll
-  for (int j = 0; j < WN / 8; ++j)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int v = gq + (i >= 2 ? 8 : 0);
-      const int64_t m = col0 + warp * WN + j * 8 + 2 * t + (i & 1);
-      if (v < nv && m < a.M) store_output<T>(a, split, g, v0 + v, m, acc[j][i]);
-    }
+  // The outputs leave through shared memory where they can (16-byte rows of y): the ring is free
+  // once every consumer warp is past its last stage (the producer loaded no more than that).
+  constexpr int STAGED = 16 * (WN + 8) * int(sizeof(T));  // bytes per warp
+  static_assert(CW * STAGED <= S * STAGE, "the staged outputs fit in the ring");
+  if (rows_storable<T>(a)) {
+    asm volatile("bar.sync 1, %0;" ::"r"(CW * 32) : "memory");
+    T* stage = reinterpret_cast<T*>(tma_t_ring + (ring - tma::addr(tma_t_ring)) + warp * STAGED);
+    store_tile_rows<T, WN>(a, g, v0, nv, col0 + warp * WN, acc, stage);
+  } else {
+    store_tile<T, WN>(a, split, g, v0, nv, col0 + warp * WN, acc);
+  }
 #endif
 }
 
