@@ -368,8 +368,9 @@ def test_tma_transposed(cp: Any, rng: np.random.Generator, cfg_id: int, dtype: s
                 alpha=alpha, beta=-0.5 if case == "beta" else 0.0, y_in=y_in)
 
 
-# Multi-vector tensor-core configs whose kernels store y's rows through shared memory
-# (kernels/gemv_mma.cuh, store_tile_rows).
+# Multi-vector tensor-core configs whose kernels may store y's rows through shared memory
+# (kernels/gemv_mma.cuh, store_tile_rows; gemv_mma only with two or more tiles per warp, its
+# one-tile configs keep store_tile and are checked here alike).
 ROWS_STORE = [c["id"] for c in CONFIGS if c["tensor_cores"] and c["max_vectors"] > 1
               and c["family"] not in ("TransposedMma", "TransposedMmaPipelined")]
 
