@@ -626,6 +626,12 @@ def _cuda_version(v: int) -> str:
     return f"{v // 1000}.{(v % 1000) // 10}" if v else "?"
 
 
+def recorded_args(args: Any) -> dict:
+    """The command-line arguments as the JSON records them: output paths by file name only, so
+    a result file names no directory of the machine that wrote it."""
+    return {k: (os.path.basename(v) if k == "json" and v else v) for k, v in vars(args).items()}
+
+
 def device_info(cp) -> dict:
     dev = cp.cuda.Device()
     props = cp.cuda.runtime.getDeviceProperties(dev.id)
@@ -1130,7 +1136,7 @@ def main(argv=None) -> int:
     meta = {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ"),
         "host": platform.node(), "device": dev, "versions": versions(cp, not args.no_jax),
-        "args": {k: v for k, v in vars(args).items()}, "tolerances": TOL, "notes": notes,
+        "args": recorded_args(args), "tolerances": TOL, "notes": notes,
         "method": {
             "working_set": f">= {L2_FACTOR}x L2 by rotating copies (2 when W >= {L2_FACTOR}x L2), "
                            f"<= {MAX_SET_BYTES >> 30} GiB",

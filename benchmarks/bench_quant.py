@@ -46,6 +46,7 @@ from bench import (  # noqa: E402  (measurement helpers shared with the dense be
     device_info,
     log,
     measure_ceiling,
+    recorded_args,
     run_impl,
     versions,
 )
@@ -374,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     dev = device_info(cp)
     meta = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ"),
             "device": dev, "versions": versions(cp, False),
-            "args": {k: (v if k != "formats" else [format_name(f) for f in v]) for k, v in vars(args).items()}}
+            "args": {**recorded_args(args), "formats": [format_name(f) for f in args.formats]}}
     t0 = time.time()
     ctx = {"cp": cp, "args": args, "device": dev, "formats": args.formats}
     if args.configs:

@@ -678,6 +678,7 @@ def test_bench_end_to_end_on_a_simulated_gpu(tmp_path: Path, monkeypatch: pytest
     assert "TARGETS:" in text and "float16, layout T (W stored (K, M), y = W^T x), batch 3" in text
     data = json.loads(out.read_text())
     assert len(data["results"]) == 8
+    assert data["meta"]["args"]["json"] == "sim.json"  # the file's name, not the machine's path
     for rec in data["results"]:
         im = rec["impls"]
         us = rec["M"] * rec["K"] * 1e-3
@@ -751,6 +752,19 @@ def test_quant_section_targets_and_peers(tmp_path: Path) -> None:
     assert {c["target"].split(" ")[0]: c["status"] for c in report.check_quant(slow)}["int4"] == "FAIL"
     text = report.render(*report.load([_dump(tmp_path / "d.json", dense)]), quant=(qmetas, results))
     assert "Weight-only quantised GEMV" in text and "int4g128" in text
+
+
+def test_recorded_args_names_no_directory() -> None:
+    """Both benchmarks record --json by file name only (their parsers, bench_quant's formats)."""
+    import bench
+    import bench_quant
+    a = bench.parse_args(["--json", "/some/dir/run.json"])
+    assert bench.recorded_args(a)["json"] == "run.json"
+    assert {k: v for k, v in bench.recorded_args(a).items() if k != "json"} == \
+        {k: v for k, v in vars(a).items() if k != "json"}
+    q = bench_quant.parse_args(["--json", "/some/dir/q.json"])
+    assert bench.recorded_args(q)["json"] == "q.json"
+    assert bench.recorded_args(bench_quant.parse_args([]))["json"] is None
 
 
 def test_bench_quant_config_ids() -> None:
