@@ -43,8 +43,14 @@ def needs_ops(kind: str, ops: tuple[str, ...]):
     return check
 
 
-# Tensor-core kernels: 128-bit stream loads of W feeding HMMA.
-check_mma = needs_ops("tensor-core", ("LDG.E.NA.128", "HMMA.16816.F32"))
+# Tensor-core kernels: 128-bit stream loads of W feeding HMMA (fp32 on layout N: the tf32 mma).
+check_mma16 = needs_ops("tensor-core", ("LDG.E.NA.128", "HMMA.16816.F32"))
+check_mma32 = needs_ops("tensor-core", ("LDG.E.NA.128", "HMMA.1688.F32.TF32"))
+
+
+def check_mma(name: str, body: str) -> str | None:
+    m = MMA.search(name)
+    return (check_mma32 if m.group(2) == "f" else check_mma16)(name, body)
 # Shared-memory tile kernels: cp.async copies (LDGSTS), ldmatrix (LDSM) into HMMA.
 check_tile = needs_ops("tile", ("LDGSTS", "LDSM", "HMMA.16816.F32"))
 # TMA kernels: tensor-map copies (UTMALDG) read back with 128-bit shared loads (LDS.128) into HMMA.

@@ -553,6 +553,53 @@ def test_nonfinite(cp: Any, rng: np.random.Generator, dtype: str, transpose: boo
     assert np.isnan(float(got[4])) and np.isfinite(np.delete(got.astype(np.float64), 4)).all()
 
 
+MMA_N = [c["id"] for c in CONFIGS if c["family"] in ("RowMajorMma", "RowMajorMmaPipelined")]
+
+
+@pytest.mark.parametrize("cfg_id,dtype,split", cases(MMA_N, DTYPES, BOOLS), ids=idfn)
+def test_nonfinite_tensor_cores(cp: Any, rng: np.random.Generator, cfg_id: int, dtype: str,
+                                split: bool) -> None:
+    """Inf and NaN in W and in some of 16 vectors give exactly float64's non-finite outputs on the
+    layout-N tensor-core kernels (fp32 among them: its 3xTF32 split turns the small part of an
+    Inf into NaN, which must not reach an output that float64 makes +-Inf)."""
+    M, K, B = 40, 1031, 16
+    w_base_shape, w_view = matrix_view("padded", (M, K))
+    x_base_shape, x_view = vector_view("padded", (B, K))
+    w_base, x_base = random_array(rng, w_base_shape, dtype), random_array(rng, x_base_shape, dtype)
+    W, x = w_view(w_base), x_view(x_base)  # writes go through to the bases
+    W[0, 3] = np.inf
+    W[1, K - 1] = -np.inf  # the scalar tail after the last 16-byte chunk
+    W[2, 7] = np.nan
+    W[3, 1], W[3, 2] = np.inf, -np.inf
+    x[:, 1] = x[:, 2] = x[:, 3] = 1  # exact in tf32: small parts 0 against W's Inf
+    x[5, 9] = np.nan  # vector 5: every output NaN
+    x[6, 11] = -np.inf  # vector 6: +-Inf by the sign of W[:, 11] (NaN where W has NaN / Inf - Inf)
+    x[7, 3] = 0  # vector 7, row 0: Inf * 0 = NaN
+    ref = ref_gemv(W, x)
+    assert np.isposinf(ref[0, 0]) and np.isnan(ref[7, 0]) and np.isinf(ref[0, 1]) and np.isnan(ref[:, 2:4]).all()
+    assert np.isnan(ref[5]).all() and np.isinf(ref[6, 4:]).all() and np.isfinite(ref[8:, 4:]).all()
+    prep = prepared_for(cp, w_view(cp.asarray(w_base)), x_view(cp.asarray(x_base)),
+                        cp.empty((B, M), dtype=W.dtype), False)
+    assert vector_eligible(prep, W.itemsize), "the 16-byte body (the tensor-core kernel) must run"
+    run_checked(cp, W, x, W_d=w_view(cp.asarray(w_base)), x_d=x_view(cp.asarray(x_base)),
+                config=(cfg_id, 4) if split else cfg_id)
+
+
+@pytest.mark.parametrize("cfg_id", MMA_N)
+def test_float32_tensor_cores_long_rows(cp: Any, rng: np.random.Generator, cfg_id: int) -> None:
+    """fp32 on the tensor cores, one split over a row of 65541 elements: a warp chains thousands of
+    mma along it, and the fp32 tolerance holds only if the long sum is not left to the tensor
+    cores' accumulation (which drops bits at every mma)."""
+    M, K, B = 24, 65541, 16
+    w_base_shape, w_view = matrix_view("padded", (M, K))
+    x_base_shape, x_view = vector_view("padded", (B, K))
+    w_base, x_base = random_array(rng, w_base_shape, "float32"), random_array(rng, x_base_shape, "float32")
+    W_d, x_d = w_view(cp.asarray(w_base)), x_view(cp.asarray(x_base))
+    prep = prepared_for(cp, W_d, x_d, cp.empty((B, M), dtype=W_d.dtype), False)
+    assert vector_eligible(prep, 4) and _ext.effective_splits(prep.problem, cfg_id, 1) == 1
+    run_checked(cp, w_view(w_base), x_view(x_base), W_d=W_d, x_d=x_d, config=cfg_id)
+
+
 # ---- streams, graphs, foreign arrays, devices -----------------------------------------------------
 
 def test_current_stream(cp: Any, rng: np.random.Generator) -> None:

@@ -13,10 +13,10 @@
 //              kernels), whose blocks resident from the start ask L2 for their first rows of W
 //              before they wait on the previous kernel (programmatic dependent launch): for the
 //              table to take where that pays (kernels/common.cuh, rowmajor_start).
-//   RowMajorMma: several vectors on tensor cores (fp16/bf16; kernels/gemv_mma.cuh). P1 = 4 x the
-//              warps that split K (the other warps take more rows), P2 = 8-row tiles per warp,
-//              NV = 16.
-//              fp32 and unaligned operands run the RowMajor kernel with the same rows and lanes.
+//   RowMajorMma: several vectors on tensor cores (fp16/bf16; fp32 as three tf32 mma per product,
+//              to fp32 accuracy: kernels/gemv_mma.cuh). P1 = 4 x the warps that split K (the other
+//              warps take more rows), P2 = 8-row tiles per warp, NV = 16.
+//              Unaligned operands run the RowMajor kernel with the same rows and lanes.
 //   RowMajorMmaPipelined: RowMajorMma with the next step's W loads issued before this step's
 //              x loads and mma (two register sets in turn).
 //   Transposed (layout T, W stored (K, M) row-major): P1 = threads along M (each owns 16 bytes of

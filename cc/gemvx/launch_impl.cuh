@@ -139,11 +139,11 @@ bool smem_ok(K kernel, int bytes, std::atomic<int8_t> (&state)[64]) {
   return true;
 }
 
-// KIND: 0 = CUDA cores, 1 = CUDA cores with software-pipelined loads, 2 = tensor cores (gemv_mma)
-// for 16-bit types on the 16-byte body, 3 = the same with software-pipelined loads, 4 and 5 = 0
-// and 1 with the L2 prefetch before the wait (Args::prefetch_blocks); fp32 and the scalar variant
-// of a tensor-core config run the CUDA-core kernel with the same rows, lanes and splits (one
-// 16-byte load per row in flight).
+// KIND: 0 = CUDA cores, 1 = CUDA cores with software-pipelined loads, 2 = tensor cores (gemv_mma:
+// fp16 / bf16, and fp32 as 3xTF32) on the 16-byte body, 3 = the same with software-pipelined loads,
+// 4 and 5 = 0 and 1 with the L2 prefetch before the wait (Args::prefetch_blocks); the scalar
+// variant of a tensor-core config runs the CUDA-core kernel with the same rows, lanes and splits
+// (one 16-byte load per row in flight).
 template <int KIND, int THREADS, int TPR, int R, int U, int NV>
 struct RowMajorFamily {
   static constexpr bool kMma = KIND == 2 || KIND == 3;
@@ -160,7 +160,7 @@ struct RowMajorFamily {
   static int64_t min_units_per_split() { return int64_t(TPR) * U; }
   static int64_t round_span(int64_t s) { return (s + TPR - 1) / TPR * TPR; }
   static int64_t grid_x(const Problem& p, int) { return (p.M + THREADS / TPR * R - 1) / (THREADS / TPR * R); }
-  // The CUDA-core kernel of the family (fp32 and the scalar variant of tensor-core configs too).
+  // The CUDA-core kernel of the family (the scalar variant of tensor-core configs too).
   template <typename T, bool VEC>
   static constexpr auto kCudaCores = kernels::gemv_rowmajor<T, THREADS, TPR, R, kMma ? 1 : U, NV, kPipelined && !kMma, VEC>;
   // Args::prefetch_blocks of a launch (Prefetch configs only).
@@ -173,7 +173,7 @@ struct RowMajorFamily {
   }
   template <typename T, bool VEC>
   static void launch(dim3 grid, cudaStream_t s, const Args& a) {
-    if constexpr (kMma && VEC && sizeof(T) == 2) {
+    if constexpr (kMma && VEC) {
       launch_kernel(kernels::gemv_mma<T, THREADS, TPR, R, U, KIND == 3>, grid, THREADS, s, a);
     } else {
       Args b = a;

@@ -19,8 +19,18 @@
 // in the CUDA-core kernel (the tail is added by the lane that stores the output).
 // PIPE software-pipelines the steps: the next step's W and x loads are issued before this step's
 // math.
-// Vectors past nvec are zero rows of A. fp32, and operands without 16-byte alignment, run the
-// CUDA-core kernel with the same parameters instead (launch.cu).
+// Vectors past nvec are zero rows of A. Operands without 16-byte alignment run the CUDA-core
+// kernel with the same parameters instead (launch.cu).
+// fp32 runs the same kernel on the tf32 tensor cores with fp32 accuracy ("3xTF32"): a 16-byte chunk
+// is 4 elements, lane (g, t) holds k slots t and t + 4 of mma.m16n8k8 in elements 2h and 2h + 1 of
+// its chunk (h = 0, 1: two mma per chunk, the same k for every row of A and column of B, as above),
+// and every value v is split into big = v with its low 13 mantissa bits cleared (a tf32) and
+// small = v - big (exact), itself cut to a tf32. x.w = xs.wb + xb.ws + xb.wb: the two small terms
+// go to a second accumulator, big.big to the first (added on the CUDA cores per chunk, see
+// mma_chunk); what is dropped (xs.ws and small's own low bits) is below 2^-19 of |x.w|, under the
+// fp32 tolerance, where one tf32 mma (2^-11) is not. The
+// sums meet as big + small where big is finite; where it is not (an Inf or NaN among the inputs,
+// whose small parts are NaN), big alone is the result, as the fp32 product would have it.
 #pragma once
 
 #include "common.cuh"
@@ -45,16 +55,79 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4],
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// One 16-byte chunk of every tile's row against the chunk of x[g] (xa) and x[g + 8] (xb).
+__device__ __forceinline__ void mma_1688_tf32(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                              uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// An fp32 value's bits as a tf32 pair big + small (see the top of the file).
+struct Tf32Pair {
+  uint32_t big, small;
+};
+__device__ __forceinline__ Tf32Pair split_tf32(uint32_t v) {
+  constexpr uint32_t kTf32 = 0xffffe000u;
+  const uint32_t big = v & kTf32;
+  return {big, __float_as_uint(__uint_as_float(v) - __uint_as_float(big)) & kTf32};
+}
+
+// One 16-byte chunk of every tile's row against the chunk of x[g] (xa) and x[g + 8] (xb), into
+// acc (fp32: the big.big products; the small terms into accs, unused for 16-bit types).
 template <typename T, int TILES>
-__device__ __forceinline__ void mma_chunk(float (&acc)[TILES][4], const uint4 (&w)[TILES],
-                                          const uint4& xa, const uint4& xb) {
-  const uint32_t a0[4] = {xa.x, xb.x, xa.y, xb.y};
-  const uint32_t a1[4] = {xa.z, xb.z, xa.w, xb.w};
+__device__ __forceinline__ void mma_chunk(float (&acc)[TILES][4], float (&accs)[TILES][4],
+                                          const uint4 (&w)[TILES], const uint4& xa, const uint4& xb) {
+  if constexpr (std::is_same<T, float>::value) {
+    const uint32_t va[4] = {xa.x, xa.y, xa.z, xa.w}, vb[4] = {xb.x, xb.y, xb.z, xb.w};
+    Tf32Pair a[4], b[4];
 #pragma unroll
-  for (int j = 0; j < TILES; ++j) {
-    mma_16816(acc[j], a0, w[j].x, w[j].y, T{});
-    mma_16816(acc[j], a1, w[j].z, w[j].w, T{});
+    for (int e = 0; e < 4; ++e) {
+      a[e] = split_tf32(va[e]);
+      b[e] = split_tf32(vb[e]);
+    }
+#pragma unroll
+    for (int j = 0; j < TILES; ++j) {
+      const uint32_t vw[4] = {w[j].x, w[j].y, w[j].z, w[j].w};
+      Tf32Pair c[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) c[e] = split_tf32(vw[e]);
+      // The chunk's big.big sum leaves the tensor cores at once: their fp32 accumulation drops
+      // bits (toward zero) at every mma, which over a long row's chain of mma would reach 1e-3;
+      // added here, the long sum rounds as the CUDA-core kernels' does. The small terms are
+      // 2^-10 of it and stay on the tensor cores.
+      float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int e0 = 2 * h, e1 = 2 * h + 1;  // k slots t and t + 4
+        mma_1688_tf32(accs[j], a[e0].small, b[e0].small, a[e1].small, b[e1].small, c[e0].big, c[e1].big);
+        mma_1688_tf32(accs[j], a[e0].big, b[e0].big, a[e1].big, b[e1].big, c[e0].small, c[e1].small);
+        mma_1688_tf32(part, a[e0].big, b[e0].big, a[e1].big, b[e1].big, c[e0].big, c[e1].big);
+      }
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[j][i] += part[i];
+    }
+  } else {
+    const uint32_t a0[4] = {xa.x, xb.x, xa.y, xb.y};
+    const uint32_t a1[4] = {xa.z, xb.z, xa.w, xb.w};
+#pragma unroll
+    for (int j = 0; j < TILES; ++j) {
+      mma_16816(acc[j], a0, w[j].x, w[j].y, T{});
+      mma_16816(acc[j], a1, w[j].z, w[j].w, T{});
+    }
+  }
+}
+
+// fp32: the big and small sums of mma_chunk as one (big alone where it is not finite).
+template <typename T, int TILES>
+__device__ __forceinline__ void join_tf32(float (&acc)[TILES][4], const float (&accs)[TILES][4]) {
+  if constexpr (std::is_same<T, float>::value) {
+#pragma unroll
+    for (int j = 0; j < TILES; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        if (isfinite(acc[j][i])) acc[j][i] += accs[j][i];
   }
 }
 
@@ -153,12 +226,12 @@ __device__ __forceinline__ void add_k_tail(const Args& a, const T* W, const T* X
 template <typename T, int THREADS, int TPR, int TILES, int U, bool PIPE>
 __global__ void __launch_bounds__(THREADS) gemv_mma(const Args a) {
   constexpr int NV = 16;
-  constexpr int VW = 8;
+  constexpr int VW = 16 / sizeof(T);  // elements per 16-byte chunk
   constexpr int WARPS = THREADS / 32;
   constexpr int WK = TPR / 4;        // warps sharing rows, splitting K
   constexpr int WR = WARPS / WK;     // warps on different rows (sharing x through L1)
   constexpr int ROWS = 8 * WR * TILES;
-  static_assert(THREADS % 32 == 0 && sizeof(T) == 2, "gemv_mma: 16-bit types, whole warps");
+  static_assert(THREADS % 32 == 0, "gemv_mma: whole warps");
   static_assert(TPR % 4 == 0 && WK >= 1 && WARPS % WK == 0, "gemv_mma: TPR = 4 x (warps along K)");
   pdl_wait();
 
@@ -188,11 +261,11 @@ __global__ void __launch_bounds__(THREADS) gemv_mma(const Args a) {
   const int64_t c_begin = min(int64_t(split) * a.split_span, nchunk);
   const int64_t c_end = min(c_begin + a.split_span, nchunk);
 
-  float acc[TILES][4];
+  float acc[TILES][4], accs[TILES][4];  // accs: fp32's small terms (mma_chunk)
 #pragma unroll
   for (int j = 0; j < TILES; ++j)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) acc[j][i] = 0.0f;
+    for (int i = 0; i < 4; ++i) acc[j][i] = accs[j][i] = 0.0f;
 
   // base is uniform across the warp (mma.sync needs every lane); lane t takes chunk base + t.
   int64_t base = c_begin + 4 * wk;
@@ -216,11 +289,11 @@ __global__ void __launch_bounds__(THREADS) gemv_mma(const Args a) {
     // multiplied, so the loads of the next step are always in flight (the sets alternate: no
     // copies, so ptxas cannot sink the loads below the mma to reuse registers). Odd chunks
     // accumulate into a second set of tiles, halving the chain of dependent mma.
-    float acc2[TILES][4];
+    float acc2[TILES][4], accs2[TILES][4];
 #pragma unroll
     for (int j = 0; j < TILES; ++j)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) acc2[j][i] = 0.0f;
+      for (int i = 0; i < 4; ++i) acc2[j][i] = accs2[j][i] = 0.0f;
     const int64_t span = c_end - base - (U - 1) * TPR - 4;  // whole steps: span / (U TPR) + 1
     int64_t steps = span >= 0 ? span / (U * TPR) + 1 : 0;
     if (steps > 0) {
@@ -228,7 +301,8 @@ __global__ void __launch_bounds__(THREADS) gemv_mma(const Args a) {
       auto step = [&](const Step& cur, Step& next) {
         if (steps > 1) load_step(next, base + U * TPR);
 #pragma unroll
-        for (int u = 0; u < U; ++u) mma_chunk<T, TILES>(u % 2 ? acc2 : acc, cur.w[u], cur.xa[u], cur.xb[u]);
+        for (int u = 0; u < U; ++u)
+          mma_chunk<T, TILES>(u % 2 ? acc2 : acc, u % 2 ? accs2 : accs, cur.w[u], cur.xa[u], cur.xb[u]);
         base += U * TPR;
         return --steps == 0;
       };
@@ -240,14 +314,17 @@ __global__ void __launch_bounds__(THREADS) gemv_mma(const Args a) {
 #pragma unroll
     for (int j = 0; j < TILES; ++j)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) acc[j][i] += acc2[j][i];
+      for (int i = 0; i < 4; ++i) {
+        acc[j][i] += acc2[j][i];
+        accs[j][i] += accs2[j][i];
+      }
   } else {
 #pragma unroll 1
     for (; base + (U - 1) * TPR + 4 <= c_end; base += U * TPR) {
       Step s;
       load_step(s, base);
 #pragma unroll
-      for (int u = 0; u < U; ++u) mma_chunk<T, TILES>(acc, s.w[u], s.xa[u], s.xb[u]);
+      for (int u = 0; u < U; ++u) mma_chunk<T, TILES>(acc, accs, s.w[u], s.xa[u], s.xb[u]);
     }
   }
   // Last partial steps: chunks past the split's end are zeros.
@@ -260,8 +337,9 @@ __global__ void __launch_bounds__(THREADS) gemv_mma(const Args a) {
     for (int j = 0; j < TILES; ++j) w[j] = in ? load_stream(wrow[j] + c) : zero;
     const uint4 xa = in && has_a ? load_keep(xa_p + c) : zero;
     const uint4 xb = in && has_b ? load_keep(xb_p + c) : zero;
-    mma_chunk<T, TILES>(acc, w, xa, xb);
+    mma_chunk<T, TILES>(acc, accs, w, xa, xb);
   }
+  join_tf32<T, TILES>(acc, accs);
 
   pdl_trigger();
   // Lane (gq, t) holds D[gq][2t], D[gq][2t+1], D[gq+8][2t], D[gq+8][2t+1] of each tile: vector
@@ -288,7 +366,7 @@ __global__ void __launch_bounds__(THREADS) gemv_mma(const Args a) {
   // Warps of one 8-row tile store through shared memory too, but gain little there (a 16-byte
   // piece per vector either way) and config 40 ran up to 1.4 times slower with that code in the
   // kernel (H100, benchmarks/NOTES.md): only warps of two or more tiles take it.
-  if constexpr (TILES >= 2) {
+  if constexpr (TILES >= 2 && sizeof(T) == 2) {
     if (rows_storable<T>(a)) {
       __shared__ __align__(16) T stage[WR][16 * (8 * TILES + 8)];
       store_tile_rows<T, 8 * TILES>(a, g, v0, nv, row0, acc, stage[wr]);
