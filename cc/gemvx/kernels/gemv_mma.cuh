@@ -28,9 +28,9 @@
 // small = v - big (exact), itself cut to a tf32. x.w = xs.wb + xb.ws + xb.wb: the two small terms
 // go to a second accumulator, big.big to the first (added on the CUDA cores per chunk, see
 // mma_chunk); what is dropped (xs.ws and small's own low bits) is below 2^-19 of |x.w|, under the
-// fp32 tolerance, where one tf32 mma (2^-11) is not. The
-// sums meet as big + small where big is finite; where it is not (an Inf or NaN among the inputs,
-// whose small parts are NaN), big alone is the result, as the fp32 product would have it.
+// fp32 tolerance, where one tf32 mma (2^-11) is not. The sums meet as big + small where big is
+// finite; where it is not (an Inf or NaN among the inputs, whose small parts are NaN), big alone is
+// the result, as the fp32 product would have it.
 #pragma once
 
 #include "common.cuh"
