@@ -404,13 +404,13 @@ def test_rows_store(cp: Any, rng: np.random.Generator, cfg_id: int, dtype: str, 
 MMA_T = [c["id"] for c in CONFIGS if c["layout"] == "T" and c["tensor_cores"]]
 
 
-@pytest.mark.parametrize("cfg_id,dtype,x_kind,splits", cases(MMA_T, ("float16", "bfloat16"),
-                                                            ("padded", "c", "offset"), (1, 3)))
+@pytest.mark.parametrize("cfg_id,dtype,x_kind,splits", cases(MMA_T, DTYPES, ("padded", "c", "offset"),
+                                                            (1, 3)))
 def test_mma_transposed_paths(cp: Any, rng: np.random.Generator, cfg_id: int, dtype: str, x_kind: str,
                               splits: int) -> None:
     """Tensor-core layout T on the 16-byte body: blocks whose columns all lie inside M (plain
-    loads) next to one whose last chunk crosses M, with x rows 8-byte aligned (one load per 4
-    elements) or not (element loads): an odd K, or rows starting one element in."""
+    loads) next to one whose last chunk crosses M, with x rows 8-byte aligned (one load per 8
+    bytes: 4 elements, fp32 2) or not (element loads): an odd K, or rows starting one element in."""
     cfg = CONFIG_BY_ID[cfg_id]
     M, K, B = 2 * cfg["p1"] * 8 + 13, 1031, 19
     w_base_shape, w_view = matrix_view("padded", stored_shape(M, K, True))
@@ -554,50 +554,58 @@ def test_nonfinite(cp: Any, rng: np.random.Generator, dtype: str, transpose: boo
 
 
 MMA_N = [c["id"] for c in CONFIGS if c["family"] in ("RowMajorMma", "RowMajorMmaPipelined")]
+MMA_NT = MMA_N + MMA_T  # the register-fed tensor-core kernels, fp32's 3xTF32 among them
 
 
-@pytest.mark.parametrize("cfg_id,dtype,split", cases(MMA_N, DTYPES, BOOLS), ids=idfn)
+@pytest.mark.parametrize("cfg_id,dtype,split", cases(MMA_NT, DTYPES, BOOLS), ids=idfn)
 def test_nonfinite_tensor_cores(cp: Any, rng: np.random.Generator, cfg_id: int, dtype: str,
                                 split: bool) -> None:
     """Inf and NaN in W and in some of 16 vectors give exactly float64's non-finite outputs on the
-    layout-N tensor-core kernels (fp32 among them: its 3xTF32 split turns the small part of an
-    Inf into NaN, which must not reach an output that float64 makes +-Inf)."""
+    tensor-core kernels of both layouts (fp32 among them: its 3xTF32 split turns the small part
+    of an Inf into NaN, which must not reach an output that float64 makes +-Inf)."""
+    transpose = CONFIG_BY_ID[cfg_id]["layout"] == "T"
     M, K, B = 40, 1031, 16
-    w_base_shape, w_view = matrix_view("padded", (M, K))
+    w_base_shape, w_view = matrix_view("padded", stored_shape(M, K, transpose))
     x_base_shape, x_view = vector_view("padded", (B, K))
     w_base, x_base = random_array(rng, w_base_shape, dtype), random_array(rng, x_base_shape, dtype)
     W, x = w_view(w_base), x_view(x_base)  # writes go through to the bases
-    W[0, 3] = np.inf
-    W[1, K - 1] = -np.inf  # the scalar tail after the last 16-byte chunk
-    W[2, 7] = np.nan
-    W[3, 1], W[3, 2] = np.inf, -np.inf
+    Wmk = W.T if transpose else W  # (M, K) either way, a view
+    Wmk[0, 3] = np.inf
+    Wmk[1, K - 1] = -np.inf  # the scalar tail after the last 16-byte chunk (layout T: last group)
+    # fp32: a NaN whose payload lies only in the low 13 bits, the ones a tf32 part drops
+    nan = np.array(0x7F800001, dtype=np.uint32).view(np.float32) if dtype == "float32" else np.nan
+    Wmk[2, 7] = nan
+    Wmk[3, 1], Wmk[3, 2] = np.inf, -np.inf
     x[:, 1] = x[:, 2] = x[:, 3] = 1  # exact in tf32: small parts 0 against W's Inf
-    x[5, 9] = np.nan  # vector 5: every output NaN
+    x[5, 9] = nan  # vector 5: every output NaN
     x[6, 11] = -np.inf  # vector 6: +-Inf by the sign of W[:, 11] (NaN where W has NaN / Inf - Inf)
     x[7, 3] = 0  # vector 7, row 0: Inf * 0 = NaN
-    ref = ref_gemv(W, x)
+    with np.errstate(invalid="ignore"):  # the signalling NaN above, widened to float64
+        ref = ref_gemv(W, x, transpose=transpose)
     assert np.isposinf(ref[0, 0]) and np.isnan(ref[7, 0]) and np.isinf(ref[0, 1]) and np.isnan(ref[:, 2:4]).all()
     assert np.isnan(ref[5]).all() and np.isinf(ref[6, 4:]).all() and np.isfinite(ref[8:, 4:]).all()
     prep = prepared_for(cp, w_view(cp.asarray(w_base)), x_view(cp.asarray(x_base)),
-                        cp.empty((B, M), dtype=W.dtype), False)
+                        cp.empty((B, M), dtype=W.dtype), transpose)
     assert vector_eligible(prep, W.itemsize), "the 16-byte body (the tensor-core kernel) must run"
-    run_checked(cp, W, x, W_d=w_view(cp.asarray(w_base)), x_d=x_view(cp.asarray(x_base)),
-                config=(cfg_id, 4) if split else cfg_id)
+    with np.errstate(invalid="ignore"):
+        run_checked(cp, W, x, W_d=w_view(cp.asarray(w_base)), x_d=x_view(cp.asarray(x_base)),
+                    transpose=transpose, config=(cfg_id, 4) if split else cfg_id)
 
 
-@pytest.mark.parametrize("cfg_id", MMA_N)
+@pytest.mark.parametrize("cfg_id", MMA_NT)
 def test_float32_tensor_cores_long_rows(cp: Any, rng: np.random.Generator, cfg_id: int) -> None:
-    """fp32 on the tensor cores, one split over a row of 65541 elements: a warp chains thousands of
-    mma along it, and the fp32 tolerance holds only if the long sum is not left to the tensor
-    cores' accumulation (which drops bits at every mma)."""
-    M, K, B = 24, 65541, 16
-    w_base_shape, w_view = matrix_view("padded", (M, K))
+    """fp32 on the tensor cores, one split over a K of 65541: a warp chains thousands of mma along
+    it, and the fp32 tolerance holds only if the long sum is not left to the tensor cores'
+    accumulation (which drops bits at every mma)."""
+    transpose = CONFIG_BY_ID[cfg_id]["layout"] == "T"
+    M, K, B = (136 if transpose else 24), 65541, 16  # layout T: whole blocks and a partial one
+    w_base_shape, w_view = matrix_view("padded", stored_shape(M, K, transpose))
     x_base_shape, x_view = vector_view("padded", (B, K))
     w_base, x_base = random_array(rng, w_base_shape, "float32"), random_array(rng, x_base_shape, "float32")
     W_d, x_d = w_view(cp.asarray(w_base)), x_view(cp.asarray(x_base))
-    prep = prepared_for(cp, W_d, x_d, cp.empty((B, M), dtype=W_d.dtype), False)
+    prep = prepared_for(cp, W_d, x_d, cp.empty((B, M), dtype=W_d.dtype), transpose)
     assert vector_eligible(prep, 4) and _ext.effective_splits(prep.problem, cfg_id, 1) == 1
-    run_checked(cp, w_view(w_base), x_view(x_base), W_d=W_d, x_d=x_d, config=cfg_id)
+    run_checked(cp, w_view(w_base), x_view(x_base), W_d=W_d, x_d=x_d, transpose=transpose, config=cfg_id)
 
 
 # ---- streams, graphs, foreign arrays, devices -----------------------------------------------------

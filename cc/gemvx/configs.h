@@ -23,10 +23,11 @@
 //              consecutive outputs), P2 = 1; THREADS / P1 threads split K inside the block.
 //   TransposedPipelined: Transposed with the next step's rows loaded before the current step's
 //              math (one vector), as RowMajorPipelined.
-//   TransposedMma: several vectors on tensor cores (fp16/bf16; kernels/gemv_mma_t.cuh). P1 =
-//              16-byte column chunks per block as in Transposed, P2 = 32-column tiles per warp
-//              (P1 / (4 P2) warps along M, the other warps split K), NV = 16.
-//              fp32 and unaligned operands run the Transposed kernel with the same columns.
+//   TransposedMma: several vectors on tensor cores (fp16/bf16; fp32 as three tf32 mma per
+//              product: kernels/gemv_mma_t.cuh). P1 = 16-byte column chunks per block as in
+//              Transposed, P2 = 32-column tiles per warp (P1 / (4 P2) warps along M, fp32:
+//              P1 / (8 P2); the other warps split K), NV = 16.
+//              Unaligned operands run the Transposed kernel with the same columns.
 //   TransposedMmaPipelined: TransposedMma with software-pipelined W loads, as above.
 //   RowMajorTile: 16 vectors on tensor cores with W and x staged in shared memory by cp.async
 //              (kernels/gemv_tile.cuh): P1 = rows per block, P2 = 16-byte chunks of K per stage,

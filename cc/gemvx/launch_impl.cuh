@@ -195,11 +195,11 @@ using RowMajorPrefetch = RowMajorFamily<4, THREADS, TPR, R, U, NV>;
 template <int THREADS, int TPR, int R, int U, int NV>
 using RowMajorPipelinedPrefetch = RowMajorFamily<5, THREADS, TPR, R, U, NV>;
 
-// MMA = false: CUDA cores, P2 = 1. MMA = true: tensor cores (gemv_mma_t) for 16-bit types on the
+// MMA = false: CUDA cores, P2 = 1. MMA = true: tensor cores (gemv_mma_t; fp32 as 3xTF32) on the
 // 16-byte body, P2 = 32-column tiles per warp. PIPE: software-pipelined W loads (CUDA cores: one
-// vector). fp32 and the scalar variant of a tensor-core config run the CUDA-core kernel
-// (unpipelined) with the same threads, columns per block and splits (so the grid is the same
-// either way).
+// vector). The scalar variant of a tensor-core config (and fp32 where its tiles do not fit, see
+// kMmaFits) runs the CUDA-core kernel (unpipelined) with the same threads, columns per block and
+// splits (so the grid is the same either way).
 template <bool MMA, bool PIPE, int THREADS, int CB, int P2, int U, int NV>
 struct TransposedFamily {
   static_assert(MMA || (P2 == 1 && (!PIPE || NV == 1)),
@@ -213,6 +213,11 @@ struct TransposedFamily {
   // K is cut into rows of W; a split holds whole steps of every K slice (CUDA cores: THREADS / CB
   // threads; tensor cores: 16-row groups of each warp along K).
   static constexpr int kStep = MMA ? 16 * (THREADS / 32) / (CB / (4 * P2)) : THREADS / CB;
+  // Whether the tensor-core kernel takes T: fp32 warp tiles are 8 chunks wide (twice the 16-bit
+  // ones) and 8 rows deep (half), so a block has the same rows per step if its chunks divide.
+  template <typename T>
+  static constexpr bool kMmaFits =
+      sizeof(T) == 2 || (CB % (8 * P2) == 0 && (THREADS / 32) % (CB / (8 * P2)) == 0);
   static int64_t k_units(const Problem& p, int) { return p.K; }
   static int64_t min_units_per_split() { return int64_t(kStep) * U; }
   static int64_t round_span(int64_t s) { return (s + kStep - 1) / kStep * kStep; }
@@ -222,7 +227,7 @@ struct TransposedFamily {
   }
   template <typename T, bool VEC>
   static void launch(dim3 grid, cudaStream_t s, const Args& a) {
-    if constexpr (MMA && VEC && sizeof(T) == 2)
+    if constexpr (MMA && VEC && kMmaFits<T>)
       launch_kernel(kernels::gemv_mma_t<T, THREADS, CB, P2, U, PIPE>, grid, THREADS, s, a);
     else
       launch_kernel(kernels::gemv_transposed<T, THREADS, CB, U, NV, PIPE && !MMA, VEC>, grid, THREADS, s, a);

@@ -70,7 +70,8 @@ struct Tf32Pair {
 };
 __device__ __forceinline__ Tf32Pair split_tf32(uint32_t v) {
   constexpr uint32_t kTf32 = 0xffffe000u;
-  const uint32_t big = v & kTf32;
+  // A NaN whose payload lies only in the cut bits would become Inf: it is kept a (quiet) NaN.
+  const uint32_t big = isnan(__uint_as_float(v)) ? v | 0x00400000u : v & kTf32;
   return {big, __float_as_uint(__uint_as_float(v) - __uint_as_float(big)) & kTf32};
 }
 
@@ -119,15 +120,14 @@ __device__ __forceinline__ void mma_chunk(float (&acc)[TILES][4], float (&accs)[
   }
 }
 
-// fp32: the big and small sums of mma_chunk as one (big alone where it is not finite).
-template <typename T, int TILES>
-__device__ __forceinline__ void join_tf32(float (&acc)[TILES][4], const float (&accs)[TILES][4]) {
+// fp32: the big and small sums (N accumulators each, in registers) of mma_chunk as one (big alone
+// where it is not finite).
+template <typename T, int N>
+__device__ __forceinline__ void join_tf32(float* acc, const float* accs) {
   if constexpr (std::is_same<T, float>::value) {
 #pragma unroll
-    for (int j = 0; j < TILES; ++j)
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-        if (isfinite(acc[j][i])) acc[j][i] += accs[j][i];
+    for (int i = 0; i < N; ++i)
+      if (isfinite(acc[i])) acc[i] += accs[i];
   }
 }
 
@@ -339,7 +339,7 @@ __global__ void __launch_bounds__(THREADS) gemv_mma(const Args a) {
     const uint4 xb = in && has_b ? load_keep(xb_p + c) : zero;
     mma_chunk<T, TILES>(acc, accs, w, xa, xb);
   }
-  join_tf32<T, TILES>(acc, accs);
+  join_tf32<T, TILES * 4>(&acc[0][0], &accs[0][0]);
 
   pdl_trigger();
   // Lane (gq, t) holds D[gq][2t], D[gq][2t+1], D[gq+8][2t], D[gq+8][2t+1] of each tile: vector
