@@ -211,7 +211,8 @@ struct TransposedFamily {
   static constexpr bool kTensorCores = MMA;
   static constexpr int kThreads = THREADS, kNV = NV;
   // K is cut into rows of W; a split holds whole steps of every K slice (CUDA cores: THREADS / CB
-  // threads; tensor cores: 16-row groups of each warp along K).
+  // threads; tensor cores: 16-row groups of each warp along K, or for fp32 8-row groups of twice
+  // as many warps: the same rows).
   static constexpr int kStep = MMA ? 16 * (THREADS / 32) / (CB / (4 * P2)) : THREADS / CB;
   // Whether the tensor-core kernel takes T: fp32 warp tiles are 8 chunks wide (twice the 16-bit
   // ones) and 8 rows deep (half), so a block has the same rows per step if its chunks divide.

@@ -75,6 +75,15 @@ __device__ __forceinline__ Tf32Pair split_tf32(uint32_t v) {
   return {big, __float_as_uint(__uint_as_float(v) - __uint_as_float(big)) & kTf32};
 }
 
+// One x.w product of 3xTF32 for an mma.m16n8k8: the A fragment a (x) and the B fragment b0, b1 (W)
+// as tf32 pairs; the big.big products into big, the two small terms into small.
+__device__ __forceinline__ void mma_tf32x3(float (&big)[4], float (&small)[4], const Tf32Pair (&a)[4],
+                                           const Tf32Pair& b0, const Tf32Pair& b1) {
+  mma_1688_tf32(small, a[0].small, a[1].small, a[2].small, a[3].small, b0.big, b1.big);
+  mma_1688_tf32(small, a[0].big, a[1].big, a[2].big, a[3].big, b0.small, b1.small);
+  mma_1688_tf32(big, a[0].big, a[1].big, a[2].big, a[3].big, b0.big, b1.big);
+}
+
 // One 16-byte chunk of every tile's row against the chunk of x[g] (xa) and x[g + 8] (xb), into
 // acc (fp32: the big.big products; the small terms into accs, unused for 16-bit types).
 template <typename T, int TILES>
@@ -102,9 +111,8 @@ __device__ __forceinline__ void mma_chunk(float (&acc)[TILES][4], float (&accs)[
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int e0 = 2 * h, e1 = 2 * h + 1;  // k slots t and t + 4
-        mma_1688_tf32(accs[j], a[e0].small, b[e0].small, a[e1].small, b[e1].small, c[e0].big, c[e1].big);
-        mma_1688_tf32(accs[j], a[e0].big, b[e0].big, a[e1].big, b[e1].big, c[e0].small, c[e1].small);
-        mma_1688_tf32(part, a[e0].big, b[e0].big, a[e1].big, b[e1].big, c[e0].big, c[e1].big);
+        const Tf32Pair af[4] = {a[e0], b[e0], a[e1], b[e1]};
+        mma_tf32x3(part, accs[j], af, c[e0], c[e1]);
       }
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[j][i] += part[i];

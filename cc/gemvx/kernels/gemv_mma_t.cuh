@@ -92,18 +92,15 @@ __device__ __forceinline__ void mma_group(float (&acc)[TILES][4][4], float (&acc
                                           const uint4 (&w)[TILES][2], const uint2& xa, const uint2& xb) {
   if constexpr (std::is_same<T, float>::value) {
     // A: x[g] and x[g + 8] at k slot t (row 2t: word x) and t + 4 (row 2t + 1: word y).
-    const Tf32Pair a0 = split_tf32(xa.x), a1 = split_tf32(xb.x), a2 = split_tf32(xa.y), a3 = split_tf32(xb.y);
+    const Tf32Pair af[4] = {split_tf32(xa.x), split_tf32(xb.x), split_tf32(xa.y), split_tf32(xb.y)};
 #pragma unroll
     for (int c = 0; c < TILES; ++c) {
       const uint32_t lo[4] = {w[c][0].x, w[c][0].y, w[c][0].z, w[c][0].w};
       const uint32_t hi[4] = {w[c][1].x, w[c][1].y, w[c][1].z, w[c][1].w};
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const Tf32Pair b0 = split_tf32(lo[j]), b1 = split_tf32(hi[j]);
         float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        mma_1688_tf32(accs[c][j], a0.small, a1.small, a2.small, a3.small, b0.big, b1.big);
-        mma_1688_tf32(accs[c][j], a0.big, a1.big, a2.big, a3.big, b0.small, b1.small);
-        mma_1688_tf32(part, a0.big, a1.big, a2.big, a3.big, b0.big, b1.big);
+        mma_tf32x3(part, accs[c][j], af, split_tf32(lo[j]), split_tf32(hi[j]));
 #pragma unroll
         for (int i = 0; i < 4; ++i) acc[c][j][i] += part[i];
       }
