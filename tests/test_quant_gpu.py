@@ -307,6 +307,61 @@ def test_tma_nan_and_inf_in_x(cp: Any, rng: np.random.Generator, fmt: tuple[int,
     np.testing.assert_array_equal(got[1], want)
 
 
+DENSE_N = next(c["id"] for c in gemvx.configs() if not c["quant"] and c["layout"] == "N" and c["max_vectors"] == 1)
+
+
+@GPU
+@pytest.mark.parametrize("cfg_id,fmt", cases(TMA_CONFIGS, [(8, None, False), (4, 128, True)]), ids=qid)
+def test_tma_reads_what_the_calls_before_wrote(cp: Any, rng: np.random.Generator, cfg_id: int,
+                                              fmt: tuple[int, Any, bool]) -> None:
+    """The TMA kernel may start while the kernel before it still runs (programmatic dependent launch
+    on Hopper) and asks L2 for its first boxes and x before it waits on that kernel: it must still
+    read what the stream wrote before it. Per run: the packed codes are rewritten by a copy (from
+    stale codes), x is the output of a dense gemvx call, and a dense call after it reads y; eagerly,
+    then replayed from a CUDA graph with everything poisoned again in between."""
+    K = _tma_k(fmt[0], 4096)
+    M = 2003
+    q = random_quantized(rng, (M, K), fmt, "float16")
+    stale = random_quantized(rng, (M, K), fmt, "float16")
+    q_d = _tma_weight(cp, q)
+    codes, stale_d = q_d.packed.copy(), _padded(cp, stale.packed, True)
+    A = random_array(rng, (K, 48), "float16") * np.float16(0.125)  # keeps y and z well inside fp16
+    b = random_array(rng, (48,), "float16")
+    B = random_array(rng, (5, M), "float16")
+    A_d, b_d, B_d = cp.asarray(A), cp.asarray(b), cp.asarray(B)
+    x_d, y_d, z_d = (cp.empty(n, cp.float16) for n in (K, M, 5))
+    assert _tma_used(cp, q_d, x_d, cfg_id, 1) == _hopper(cp)
+
+    def poison() -> None:
+        q_d.packed[...] = stale_d
+        for a in (x_d, y_d, z_d):
+            a[...] = cp.asarray(poisoned(a.shape, a.dtype))
+
+    def calls() -> None:
+        q_d.packed[...] = codes
+        gemvx.cupy_gemv(A_d, b_d, x_d, config=DENSE_N)
+        gemvx.cupy_gemv(q_d, x_d, y_d, config=(cfg_id, 1))
+        gemvx.cupy_gemv(B_d, y_d, z_d, config=DENSE_N)
+
+    def check() -> None:
+        x, y = cp.asnumpy(x_d), cp.asnumpy(y_d)
+        assert_gemv_close(x, A.astype(np.float64), b)
+        assert_gemv_close(y, dequantize64(q), x)
+        assert_gemv_close(cp.asnumpy(z_d), B.astype(np.float64), y)
+
+    for _ in range(3):
+        poison()
+        calls()
+        check()
+    stream, graph = capture(cp, calls)
+    for _ in range(3):
+        poison()
+        cp.cuda.Device().synchronize()
+        graph.launch(stream)
+        stream.synchronize()
+        check()
+
+
 @GPU
 @pytest.mark.parametrize("case", ["k_not_multiple_of_8", "int4_k_not_multiple_of_16", "rows_not_16_bytes",
                                   "unaligned", "int8_groups_of_32", "int4_groups_of_64"])
