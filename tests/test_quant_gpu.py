@@ -314,11 +314,12 @@ DENSE_N = next(c["id"] for c in gemvx.configs() if not c["quant"] and c["layout"
 @pytest.mark.parametrize("cfg_id,fmt", cases(TMA_CONFIGS, [(8, None, False), (4, 128, True)]), ids=qid)
 def test_tma_reads_what_the_calls_before_wrote(cp: Any, rng: np.random.Generator, cfg_id: int,
                                               fmt: tuple[int, Any, bool]) -> None:
-    """The TMA kernel may start while the kernel before it still runs (programmatic dependent launch
-    on Hopper) and asks L2 for its first boxes and x before it waits on that kernel: it must still
-    read what the stream wrote before it. Per run: the packed codes are rewritten by a copy (from
-    stale codes), x is the output of a dense gemvx call, and a dense call after it reads y; eagerly,
-    then replayed from a CUDA graph with everything poisoned again in between."""
+    """The TMA kernel may start while the kernel before it still runs (programmatic dependent
+    launch on Hopper: it sets up its barriers and shared memory before it waits on that kernel): it
+    must still read what the stream wrote before it, and the kernel after it must read its y. Per
+    run: the packed codes are rewritten by a copy (from stale codes), x is the output of a dense
+    gemvx call, and a dense call after it reads y; eagerly, then replayed from a CUDA graph with
+    everything poisoned again in between."""
     K = _tma_k(fmt[0], 4096)
     M = 2003
     q = random_quantized(rng, (M, K), fmt, "float16")
