@@ -124,9 +124,12 @@ def main() -> int:
                                    (70, 14336, 13, 2)):  # the last splits empty (spans of whole stages)
             q = quantized(M, K, 8, None, False)
             check(q, rand((nv, K), np.dtype("bfloat16")), config=(c["id"], splits))
-        for (M, K, bits, g, splits, nv) in ((300, 8208, 4, 128, 3, 11), (70, 28672, 4, 256, 13, 2),
-                                            (37, 2000, 4, None, 1, 3), (45, 1000, 8, 64, 1, 2)):
-            q = quantized(M, K, bits, g, bits == 4)
+        # one vector with group scales: a C column per round (symmetric, and with zero points)
+        for (M, K, bits, g, splits, nv, asym) in ((300, 8208, 4, 128, 3, 11, True), (70, 28672, 4, 256, 13, 2, True),
+                                                  (37, 2000, 4, None, 1, 3, True), (45, 1000, 8, 64, 1, 2, False),
+                                                  (300, 8208, 4, 128, 3, 1, False), (70, 28672, 4, 256, 13, 1, True),
+                                                  (45, 1000, 8, 64, 1, 1, False)):
+            q = quantized(M, K, bits, g, asym)
             check(q, rand((nv, K), cp.float16), config=(c["id"], splits))
         q3 = quantized(3 * 40, 1024, 8, None, False)
         q3 = gemvx.QuantizedWeight(q3.packed.reshape(3, 40, 1024), q3.scales.reshape(3, 40), None, bits=8,

@@ -245,16 +245,17 @@ def test_tma_empty_trailing_splits(cp: Any, rng: np.random.Generator, cfg_id: in
 
 
 @GPU
-@pytest.mark.parametrize("cfg_id,fmt,rows", cases(TMA_CONFIGS, TMA_FORMATS, TMA_ROWS), ids=qid)
+@pytest.mark.parametrize("cfg_id,fmt,rows,nvec", cases(TMA_CONFIGS, TMA_FORMATS, TMA_ROWS, (1, 3)), ids=qid)
 def test_tma_configs(cp: Any, rng: np.random.Generator, cfg_id: int, fmt: tuple[int, Any, bool],
-                     rows: tuple[int, int]) -> None:
-    """Every config x format x shape, with 1 or 3 splits and either x dtype in turn."""
+                     rows: tuple[int, int], nvec: int) -> None:
+    """Every config x format x shape, one vector (group scales: one C column per round) and three
+    (a column per vector), with 1 or 3 splits and either x dtype in turn."""
     M, K = rows[0], _tma_k(fmt[0], rows[1])
-    turn = TMA_CONFIGS.index(cfg_id) + TMA_FORMATS.index(fmt) + TMA_ROWS.index(rows)
+    turn = TMA_CONFIGS.index(cfg_id) + TMA_FORMATS.index(fmt) + TMA_ROWS.index(rows) + nvec // 3
     splits = (1, 3)[turn % 2]
     x_dtype = QUANT_X_DTYPES[(turn // 2) % 2]
-    q = random_quantized(rng, (M, K), fmt, SCALE_DTYPES[(M + K) % 3])
-    x = random_array(rng, (3, K), x_dtype)
+    q = random_quantized(rng, (M, K), fmt, SCALE_DTYPES[(M + K + nvec) % 3])
+    x = random_array(rng, (nvec, K), x_dtype)
     q_d, x_d = _tma_weight(cp, q), cp.asarray(x)
     assert _tma_used(cp, q_d, x_d, cfg_id, splits) == _hopper(cp)
     first = run_checked(cp, q, x, q_d=q_d, x_d=x_d, config=(cfg_id, splits))
@@ -291,8 +292,12 @@ def test_tma_scales_alpha_beta(cp: Any, rng: np.random.Generator, fmt: tuple[int
 
 
 @GPU
-@pytest.mark.parametrize("fmt", [(8, None, False), (4, 128, True)], ids=qid)
-def test_tma_nan_and_inf_in_x(cp: Any, rng: np.random.Generator, fmt: tuple[int, Any, bool]) -> None:
+@pytest.mark.parametrize("fmt,one_by_one", cases(
+    [(8, None, False), (8, 64, False), (4, 128, False), (4, 128, True)], (False, True)), ids=qid)
+def test_tma_nan_and_inf_in_x(cp: Any, rng: np.random.Generator, fmt: tuple[int, Any, bool],
+                              one_by_one: bool) -> None:
+    """NaN in x gives NaN rows, +inf gives +-inf by the weight's sign (NaN for a zero weight): two
+    vectors in one call, or one vector per call (group scales then take a C column per round)."""
     K = _tma_k(fmt[0], 1024)
     q = random_quantized(rng, (40, K), fmt)
     x = random_array(rng, (2, K), "float16")
@@ -300,7 +305,11 @@ def test_tma_nan_and_inf_in_x(cp: Any, rng: np.random.Generator, fmt: tuple[int,
     x[1, 5] = np.inf
     q_d, x_d = to_device(cp, q), cp.asarray(x)
     assert _tma_used(cp, q_d, x_d, TMA_CONFIGS[0], 1) == _hopper(cp)
-    got = cp.asnumpy(gemvx.cupy_gemv(q_d, x_d, config=(TMA_CONFIGS[0], 1))).astype(np.float32)
+    if one_by_one:
+        got = np.stack([cp.asnumpy(gemvx.cupy_gemv(q_d, x_d[i], config=(TMA_CONFIGS[0], 1))) for i in range(2)])
+    else:
+        got = cp.asnumpy(gemvx.cupy_gemv(q_d, x_d, config=(TMA_CONFIGS[0], 1)))
+    got = got.astype(np.float32)
     assert np.isnan(got[0]).all()
     w5 = dequantize64(q)[:, 5]  # +inf times the sign of the weight, or NaN for a zero weight
     want = np.where(w5 > 0, np.inf, np.where(w5 < 0, -np.inf, np.nan))

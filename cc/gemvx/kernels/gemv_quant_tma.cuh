@@ -23,10 +23,12 @@
 // The math is gemv_quant's (kernels/gemv_quant.cuh): in each 64-byte round of a stage, each lane
 // dequantises the 16-byte chunk of rows g and g + 8 at byte 16 t into exact integers q - z in x's
 // dtype, B holds x in the same k order, the mmas accumulate in fp32. Per-row scales multiply the
-// tile's sum at the end (kRow); group scales multiply each round's tile (kGroup: a group spans
-// whole rounds), and are loaded with the zero points one stage ahead: lane t of a quad loads the
-// quad's (round, row) entries j = t, t + 4, ... and the quad shuffles them when used. A lane's B
-// column is vector g of the block's (vector 0 again where g >= nv; those columns are not stored).
+// tile's sum at the end (kRow). Group scales (kGroup: a group spans whole rounds) are loaded one
+// stage ahead and applied in fp32 to sums of whole rounds, in one of two ways (Mode below): with
+// one vector, round r of every 8 writes only C column r (the other columns' B fragments read
+// zeros), so one FFMA per accumulator scales 8 rounds; with more vectors each round's own tile is
+// scaled. A lane's B column is vector g of the block's (vector 0 again where g >= nv; those
+// columns are not stored).
 //
 // Requirements, checked by the launcher (which otherwise runs gemv_quant): compute capability 9.0,
 // W and x 16-byte aligned, packed rows of whole 8 bytes (int8: K % 8 == 0; int4: K % 16 == 0),
@@ -50,12 +52,13 @@ struct QuantTmaArgs {  // 64-byte aligned, as CUtensorMap is
   int32_t x_elems;  // elements of x per vector in shared memory: whole stages covering any split
 };
 
-// Dynamic shared memory of a launch: the rings, nv vectors of x_elems elements, and for WT > 1
-// two rounds of the partial C tiles (16 bytes a lane) that warps 1..WT-1 of a tile hand over.
+// Dynamic shared memory of a launch: the rings, nv vectors of x_elems elements, for WT > 1 two
+// rounds of the partial C tiles (16 bytes a lane) that warps 1..WT-1 of a tile hand over, and 64
+// bytes of zeros.
 template <typename T, int CW, int SK, int S, int WT>
 constexpr std::size_t quant_tma_smem(int nv, int x_elems) {
   return std::size_t(CW) * S * 16 * SK + std::size_t(nv) * x_elems * sizeof(T) +
-         std::size_t(2) * (CW / WT) * (WT - 1) * 32 * 16;
+         std::size_t(2) * (CW / WT) * (WT - 1) * 32 * 16 + 64;
 }
 
 
@@ -112,6 +115,12 @@ __global__ void __launch_bounds__(THREADS) gemv_quant_tma(const __grid_constant_
     tma::init(tma::addr(&x_ready), 1);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
+  // WT > 1: the partial C tiles of warps 1..WT-1 of each tile, two rounds apart, after the x;
+  // then 64 bytes of zeros that group scales with one vector read in place of x (kColumns).
+  float4* const red = reinterpret_cast<float4*>(xs + nv * p.x_elems);
+  uint32_t* const zeros64 = reinterpret_cast<uint32_t*>(red + 2 * TG * (WT - 1) * 32);
+  const T* const zx = reinterpret_cast<const T*>(zeros64);
+  if (threadIdx.x < 16) zeros64[threadIdx.x] = 0u;
   // x past this split's K is zero (the copies below write only [0, xlen)).
   for (int v = 0; v < nv; ++v)
     for (int i = xlen + int(threadIdx.x); i < p.x_elems; i += THREADS) xs[v * p.x_elems + i] = T(0.0f);
@@ -179,154 +188,236 @@ __global__ void __launch_bounds__(THREADS) gemv_quant_tma(const __grid_constant_
   const uint32_t magic = Q::kMagic;
   auto clamp_row = [&](int64_t r) { return r < a.M ? r : a.M - 1; };
 
-  // kGroup: the (round rd, row h) scale and zero point of a stage are entry j = 2 rd + h, held by
-  // lane j % 4 of the quad as its entry j / 4 (fetched one stage ahead), shuffled when used.
+  // Group scales, and where they are applied (Mode, chosen per block below):
+  //   kColumns (one vector): round rd of a flush of RW rounds writes only C column rd (the other
+  //     lanes' B fragments read zeros instead of x), so after RW rounds column c of the tile holds
+  //     the sum of round c alone; lane t scales its columns 2t, 2t + 1 by their rounds' scales
+  //     (fp32, one FFMA per accumulator per flush) and the quad adds its columns at the end.
+  //   kRounds (several vectors, whose columns the tile needs): each round's own tile is scaled.
+  // Either way the mmas take the exact integers q - z. Zero points (the rounds' biases) and the
+  // kRounds scales of a stage's (round rd, row h) are entry j = 2 rd + h, held by lane j % 4 of
+  // the quad as its entry j / 4 and shuffled when used; kColumns scales are the lane's own
+  // (flush f, entry e: row g + 8 (e / 2), round f RW + 2t + e % 2). All are fetched one stage
+  // ahead, zero past K (W and x are zero there).
+  enum Mode { kRowEnd, kRounds, kColumns, kColumnsZ };
   constexpr int MJ = ROUNDS / 2;
+  constexpr int RW = ROUNDS < 8 ? ROUNDS : 8;  // rounds per kColumns flush: one per C column
+  constexpr int FL = ROUNDS / RW;
   struct Meta {
     float s[MJ];
     uint32_t zp[MJ];
+    float cs[FL][4];
   };
-  auto fetch_meta = [&](Meta& m, int64_t tile, int k) {  // zero past K (W and x are zero there)
+  // 32-bit k (the launcher refuses K >= 2^31 - 64). Every load is in bounds (group 0 where an
+  // entry is unused or past K, its value then replaced), so the loads issue together, unbranched.
+  auto fetch_meta = [&](auto mode, Meta& m, int64_t tile, int k) {
+    constexpr Mode M = decltype(mode)::value;
+    const int kst = int((k0 + int64_t(k) * SK) * VPB);  // the stage's first k
+    int64_t rows[2];
 #pragma unroll
-    for (int i = 0; i < MJ; ++i) {
-      const int j = t + 4 * i, rd = j / 2, h = j % 2;
-      const int64_t r = clamp_row(tile * 16 + gq + 8 * h);
-      const int64_t v = (k0 + int64_t(k) * SK + rd * 64) * VPB;  // the round's first value
-      const bool ok = v < a.K;
-      const int64_t grp = v >> q.group_shift;
-      m.s[i] = ok ? scale_at(S0 + ((r * q.lds + grp) << s_shift), sk) : 0.0f;
-      m.zp[i] = zero_point(Z0 + r * q.ldz + grp, ok && has_zeros);
+    for (int h = 0; h < 2; ++h) rows[h] = clamp_row(tile * 16 + gq + 8 * h);
+    auto group_of = [&](int v, bool ok) { return int64_t(ok ? v >> q.group_shift : 0); };
+    if constexpr (M != kColumns) {  // entries j = t + 4 i: all of row g + 8 (t % 2)
+      const int64_t r = t % 2 ? rows[1] : rows[0];
+      const char* srow = S0 + ((r * q.lds) << s_shift);
+      const uint8_t* zrow = has_zeros ? Z0 + r * q.ldz : nullptr;
+#pragma unroll
+      for (int i = 0; i < MJ; ++i) {
+        const int v = kst + (t + 4 * i) / 2 * 64 * VPB;  // round (t + 4 i) / 2
+        const bool ok = v < a.K;
+        const int64_t grp = group_of(v, ok);
+        if constexpr (M == kRounds) {
+          const float sv = scale_at(srow + (grp << s_shift), sk);
+          m.s[i] = ok ? sv : 0.0f;
+        }
+        const uint32_t zp = zero_point(zrow + grp, has_zeros);
+        m.zp[i] = ok ? zp : 8u;
+      }
+    }
+    if constexpr (M == kColumns || M == kColumnsZ) {
+#pragma unroll
+      for (int f = 0; f < FL; ++f)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int c = 2 * t + e % 2;
+          const int v = kst + (f * RW + c) * 64 * VPB;
+          const bool ok = c < RW && v < a.K;
+          const float sv = scale_at(S0 + ((rows[e / 2] * q.lds + group_of(v, ok)) << s_shift), sk);
+          m.cs[f][e] = ok ? sv : 0.0f;
+        }
     }
   };
   auto quad_entry = [&](auto v, int j) { return __shfl_sync(0xffffffffu, v, (lane & ~3) | (j % 4)); };
-  // Four chains of dependent mmas per tile: mma h of word i of a chunk goes into chain(i, h).
-  auto chain = [](int i, int h) { return BITS == 4 ? 2 * (i % 2) + h : i; };
-
-  [[maybe_unused]] Meta cur{}, nxt{};
-  if constexpr (SC == Scaling::kGroup)
-    if (nsp > 0 && tile_of(0, tg) < tiles) fetch_meta(cur, tile_of(0, tg), part);
-  tma::wait(tma::addr(&x_ready), 0);
-  if constexpr (BITS == 4) {
-    // int4: x in shared memory goes into the k order of the B fragments once (each 8 values
-    // k = 0..7 as (0, 4), (1, 5), (2, 6), (3, 7)), so the rounds load the fragments directly.
-    for (int i = threadIdx.x; i < nv * p.x_elems / 8; i += CW * 32) {
-      uint4* q8 = reinterpret_cast<uint4*>(xs) + i;
-      const uint4 v = *q8;
-      *q8 = int4_pair_order(v.x, v.y, v.z, v.w);
-    }
-    asm volatile("bar.sync 1, %0;" ::"n"(CW * 32) : "memory");  // the consumer warps only
-  }
-  // WT > 1: the partial C tiles of warps 1..WT-1 of each tile, two rounds apart, after the x.
-  float4* const red = reinterpret_cast<float4*>(xs + nv * p.x_elems);
-  int cnt = 0;
-  for (int64_t n = 0;; ++n) {
-    const int64_t tile = tile_of(n, tg);
-    if (tile >= tiles) break;
-    int64_t row[2];
-    uint32_t row_blo[2] = {0u, 0u}, row_bhi[2] = {0u, 0u};
+  // The biases of round rd's rows from the shuffled zero points.
+  auto round_bias = [&](const Meta& m, int rd, uint32_t (&blo)[2], uint32_t (&bhi)[2]) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      row[h] = tile * 16 + gq + 8 * h;
-      if constexpr (BITS == 4 && SC == Scaling::kRow)
-        Q::int4_bias(zero_point(Z0 + clamp_row(row[h]) * q.ldz, has_zeros), row_blo[h], row_bhi[h]);
+      const int e = 2 * rd + h;
+      Q::int4_bias(quad_entry(m.zp[e / 4], e), blo[h], bhi[h]);
     }
-    float acc[4][4] = {};
-    for (int j = 0; j < nsp; ++j, ++cnt) {
-      const int k = part + WT * j;  // the stage of the row span
-      const int s = cnt % S;
-      if constexpr (SC == Scaling::kGroup) {  // the next stage's scales, one stage ahead
-        const bool more = j + 1 < nsp;
-        const int64_t nt = more ? tile : tile_of(n + 1, tg);
-        if (nt < tiles) fetch_meta(nxt, nt, more ? k + WT : part);
+  };
+  // Four chains of dependent mmas per tile: mma h of word i of a chunk goes into chain(i, h).
+  auto chain = [](int i, int h) { return BITS == 4 ? 2 * (i % 2) + h : i; };
+  // The mmas of round rd of stage slot st into the chains c: this lane's chunk of rows g and
+  // g + 8, dequantised with the biases blo / bhi, against x (this lane's pieces) at xr.
+  auto round_mmas = [&](const uint8_t* st, const T* xr, int rd, const uint32_t (&blo)[2],
+                        const uint32_t (&bhi)[2], float (&c)[4][4]) {
+    const int kb = rd * 64 + t * 16;
+    uint32_t xw[4 * XQ];
+#pragma unroll
+    for (int i = 0; i < XQ; ++i) {
+      const uint4 x4 = *reinterpret_cast<const uint4*>(xr + 8 * i);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) xw[4 * i + e] = word_of(x4, e);
+    }
+    uint32_t b[MMAS][2];
+    if constexpr (BITS == 4) {
+#pragma unroll
+      for (int i = 0; i < MMAS; ++i) {
+        b[i][0] = xw[2 * i];
+        b[i][1] = xw[2 * i + 1];
       }
-      tma::wait(tma::addr(&full[warp][s]), (cnt / S) & 1);
-      const uint8_t* st = smem + (warp * S + s) * WSTAGE;
+    } else {
+      b_fragments<BITS>(xw, b);
+    }
+    const uint4 w0 = *reinterpret_cast<const uint4*>(st + gq * SK + kb);
+    const uint4 w1 = *reinterpret_cast<const uint4*>(st + (gq + 8) * SK + kb);
 #pragma unroll
-      for (int rd = 0; rd < ROUNDS; ++rd) {
-        const int kb = rd * 64 + t * 16;
-        uint32_t xw[4 * XQ];
+    for (int i = 0; i < 4; ++i) {  // word i of the chunk
+      uint32_t lo[MMAS / 2], hi[MMAS / 2];
+      dequant_word<T, BITS>(word_of(w0, i), word_of(w1, i), magic, blo, bhi, lo, hi);
+      word_mmas<T, BITS>(c[chain(i, 0)], c[chain(i, 1)], lo, hi, b, i);
+    }
+  };
+
+  auto consume = [&](auto mode) {
+    constexpr Mode M = decltype(mode)::value;
+    constexpr bool kGrouped = M != kRowEnd;
+    [[maybe_unused]] Meta cur{}, nxt{};
+    if constexpr (kGrouped)
+      if (nsp > 0 && tile_of(0, tg) < tiles) fetch_meta(mode, cur, tile_of(0, tg), part);
+    tma::wait(tma::addr(&x_ready), 0);
+    if constexpr (BITS == 4) {
+      // int4: x in shared memory goes into the k order of the B fragments once (each 8 values
+      // k = 0..7 as (0, 4), (1, 5), (2, 6), (3, 7)), so the rounds load the fragments directly.
+      for (int i = threadIdx.x; i < nv * p.x_elems / 8; i += CW * 32) {
+        uint4* q8 = reinterpret_cast<uint4*>(xs) + i;
+        const uint4 v = *q8;
+        *q8 = int4_pair_order(v.x, v.y, v.z, v.w);
+      }
+      asm volatile("bar.sync 1, %0;" ::"n"(CW * 32) : "memory");  // the consumer warps only
+    }
+    int cnt = 0;
+    for (int64_t n = 0;; ++n) {
+      const int64_t tile = tile_of(n, tg);
+      if (tile >= tiles) break;
+      int64_t row[2];
+      uint32_t row_blo[2], row_bhi[2];  // the biases of the rows' zero points (8 where none)
 #pragma unroll
-        for (int i = 0; i < XQ; ++i) {
-          const uint4 x4 = *reinterpret_cast<const uint4*>(xv + (k * SK + kb) * VPB + 8 * i);
-#pragma unroll
-          for (int e = 0; e < 4; ++e) xw[4 * i + e] = word_of(x4, e);
+      for (int h = 0; h < 2; ++h) {
+        row[h] = tile * 16 + gq + 8 * h;
+        const bool per_row = M == kRowEnd && has_zeros;
+        Q::int4_bias(zero_point(Z0 + clamp_row(row[h]) * q.ldz, per_row), row_blo[h], row_bhi[h]);
+      }
+      float acc[4][4] = {};  // kRowEnd: four chains; grouped modes: acc[0], scaled
+      for (int j = 0; j < nsp; ++j, ++cnt) {
+        const int k = part + WT * j;  // the stage of the row span
+        const int s = cnt % S;
+        if constexpr (kGrouped) {  // the next stage's metadata, one stage ahead
+          const bool more = j + 1 < nsp;
+          const int64_t nt = more ? tile : tile_of(n + 1, tg);
+          if (nt < tiles) fetch_meta(mode, nxt, nt, more ? k + WT : part);
         }
-        uint32_t b[MMAS][2];
-        if constexpr (BITS == 4) {
+        tma::wait(tma::addr(&full[warp][s]), (cnt / S) & 1);
+        const uint8_t* st = smem + (warp * S + s) * WSTAGE;
+        const T* xst = xv + (k * SK + t * 16) * VPB;  // this lane's x of the stage's round 0
+        if constexpr (M == kRowEnd) {
 #pragma unroll
-          for (int i = 0; i < MMAS; ++i) {
-            b[i][0] = xw[2 * i];
-            b[i][1] = xw[2 * i + 1];
+          for (int rd = 0; rd < ROUNDS; ++rd) round_mmas(st, xst + rd * 64 * VPB, rd, row_blo, row_bhi, acc);
+        } else if constexpr (M == kRounds) {
+#pragma unroll
+          for (int rd = 0; rd < ROUNDS; ++rd) {
+            uint32_t blo[2], bhi[2];
+            round_bias(cur, rd, blo, bhi);
+            float rs[2];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) rs[h] = quad_entry(cur.s[(2 * rd + h) / 4], 2 * rd + h);
+            float tl[4][4] = {};
+            round_mmas(st, xst + rd * 64 * VPB, rd, blo, bhi, tl);
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+              acc[0][e] = fmaf(rs[e / 2], (tl[0][e] + tl[1][e]) + (tl[2][e] + tl[3][e]), acc[0][e]);
           }
         } else {
-          b_fragments<BITS>(xw, b);
-        }
-        const uint4 w0 = *reinterpret_cast<const uint4*>(st + gq * SK + kb);
-        const uint4 w1 = *reinterpret_cast<const uint4*>(st + (gq + 8) * SK + kb);
-        if constexpr (SC == Scaling::kGroup) {
-          // the round's own tile, scaled into acc
-          uint32_t blo[2] = {0u, 0u}, bhi[2] = {0u, 0u};
-          float rs[2];
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int e = 2 * rd + h;
-            rs[h] = quad_entry(cur.s[e / 4], e);
-            if constexpr (BITS == 4) Q::int4_bias(quad_entry(cur.zp[e / 4], e), blo[h], bhi[h]);
-          }
-          float tl[4][4] = {};
+          for (int f = 0; f < FL; ++f) {
+            float tl[4][4] = {};
 #pragma unroll
-          for (int i = 0; i < 4; ++i) {  // word i of the chunk
-            uint32_t lo[MMAS / 2], hi[MMAS / 2];
-            dequant_word<T, BITS>(word_of(w0, i), word_of(w1, i), magic, blo, bhi, lo, hi);
-            word_mmas<T, BITS>(tl[chain(i, 0)], tl[chain(i, 1)], lo, hi, b, i);
-          }
+            for (int r = 0; r < RW; ++r) {
+              const int rd = f * RW + r;
+              uint32_t blo[2] = {row_blo[0], row_blo[1]}, bhi[2] = {row_bhi[0], row_bhi[1]};
+              if constexpr (M == kColumnsZ) round_bias(cur, rd, blo, bhi);
+              round_mmas(st, gq == r ? xst + rd * 64 * VPB : zx, rd, blo, bhi, tl);
+            }
 #pragma unroll
-          for (int e = 0; e < 4; ++e)
-            acc[0][e] = fmaf(rs[e / 2], (tl[0][e] + tl[1][e]) + (tl[2][e] + tl[3][e]), acc[0][e]);
-        } else {
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            uint32_t lo[MMAS / 2], hi[MMAS / 2];
-            dequant_word<T, BITS>(word_of(w0, i), word_of(w1, i), magic, row_blo, row_bhi, lo, hi);
-            word_mmas<T, BITS>(acc[chain(i, 0)], acc[chain(i, 1)], lo, hi, b, i);
+            for (int e = 0; e < 4; ++e)
+              acc[0][e] = fmaf(cur.cs[f][e], (tl[0][e] + tl[1][e]) + (tl[2][e] + tl[3][e]), acc[0][e]);
           }
         }
+        __syncwarp();
+        if (lane == 0) tma::arrive(tma::addr(&empty[warp][s]));
+        if constexpr (kGrouped) cur = nxt;
       }
-      __syncwarp();
-      if (lane == 0) tma::arrive(tma::addr(&empty[warp][s]));
-      if constexpr (SC == Scaling::kGroup) cur = nxt;
-    }
-    // C tile: [0..1] row g, columns 2t and 2t + 1; [2..3] the same for row g + 8.
-    float c[4];
+      // C tile: [0..1] row g, columns 2t and 2t + 1; [2..3] the same for row g + 8.
+      float c[4];
 #pragma unroll
-    for (int e = 0; e < 4; ++e) c[e] = (acc[0][e] + acc[1][e]) + (acc[2][e] + acc[3][e]);
-    if constexpr (WT > 1) {  // warps 1..WT-1 hand their tiles to warp 0, in a fixed order
-      float4* slot = red + ((int(n & 1) * TG + tg) * (WT - 1)) * 32 + lane;
-      if (part > 0) slot[(part - 1) * 32] = make_float4(c[0], c[1], c[2], c[3]);
-      asm volatile("bar.sync %0, %1;" ::"r"(2 + tg), "n"(WT * 32) : "memory");
-      if (part > 0) continue;
+      for (int e = 0; e < 4; ++e) c[e] = kGrouped ? acc[0][e] : (acc[0][e] + acc[1][e]) + (acc[2][e] + acc[3][e]);
+      if constexpr (WT > 1) {  // warps 1..WT-1 hand their tiles to warp 0, in a fixed order
+        float4* slot = red + ((int(n & 1) * TG + tg) * (WT - 1)) * 32 + lane;
+        if (part > 0) slot[(part - 1) * 32] = make_float4(c[0], c[1], c[2], c[3]);
+        asm volatile("bar.sync %0, %1;" ::"r"(2 + tg), "n"(WT * 32) : "memory");
+        if (part > 0) continue;
 #pragma unroll
-      for (int w = 1; w < WT; ++w) {
-        const float4 o = slot[(w - 1) * 32];
-        c[0] += o.x;
-        c[1] += o.y;
-        c[2] += o.z;
-        c[3] += o.w;
+        for (int w = 1; w < WT; ++w) {
+          const float4 o = slot[(w - 1) * 32];
+          c[0] += o.x;
+          c[1] += o.y;
+          c[2] += o.z;
+          c[3] += o.w;
+        }
+      }
+      if constexpr (M == kColumns || M == kColumnsZ) {  // the rows' sums over the quad's columns
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          float r = c[2 * h] + c[2 * h + 1];
+          r += __shfl_xor_sync(0xffffffffu, r, 1);
+          c[2 * h] = r + __shfl_xor_sync(0xffffffffu, r, 2);
+        }
+      }
+      // kRowEnd: the rows' scales, loaded only now: loaded before the stages (when every SM's
+      // first TMA requests are queued) they cost 0.75 us at 8192 x 8192 on an H200
+      // (benchmarks/NOTES.md).
+      float scale[2] = {1.0f, 1.0f};
+      if constexpr (M == kRowEnd) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) scale[h] = scale_at(S0 + ((clamp_row(row[h]) * q.lds) << s_shift), sk);
+      }
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int64_t m = row[e / 2];
+        const int v = 2 * t + (e % 2);
+        if (m < a.M && v < nv) store_output<T>(a, split, g, v0 + v, m, c[e] * scale[e / 2]);
       }
     }
-    // kRow: the rows' scales, loaded only now: loaded before the stages (when every SM's first
-    // TMA requests are queued) they cost 0.75 us at 8192 x 8192 on an H200 (benchmarks/NOTES.md).
-    float scale[2] = {1.0f, 1.0f};
-    if constexpr (SC == Scaling::kRow) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) scale[h] = scale_at(S0 + ((clamp_row(row[h]) * q.lds) << s_shift), sk);
-    }
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int64_t m = row[e / 2];
-      const int v = 2 * t + (e % 2);
-      if (m < a.M && v < nv) store_output<T>(a, split, g, v0 + v, m, c[e] * scale[e / 2]);
-    }
+  };
+  if constexpr (SC == Scaling::kRow) {
+    consume(std::integral_constant<Mode, kRowEnd>{});
+  } else if (nv > 1) {
+    consume(std::integral_constant<Mode, kRounds>{});
+  } else if (has_zeros) {
+    consume(std::integral_constant<Mode, kColumnsZ>{});
+  } else {
+    consume(std::integral_constant<Mode, kColumns>{});
   }
   pdl_trigger();
 #endif
