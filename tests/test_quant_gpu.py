@@ -292,23 +292,24 @@ def test_tma_scales_alpha_beta(cp: Any, rng: np.random.Generator, fmt: tuple[int
 
 
 @GPU
-@pytest.mark.parametrize("fmt,one_by_one", cases(
-    [(8, None, False), (8, 64, False), (4, 128, False), (4, 128, True)], (False, True)), ids=qid)
+@pytest.mark.parametrize("fmt,one_by_one,splits", cases(
+    [(8, None, False), (8, 64, False), (4, 128, False), (4, 128, True)], (False, True), (1, 3)), ids=qid)
 def test_tma_nan_and_inf_in_x(cp: Any, rng: np.random.Generator, fmt: tuple[int, Any, bool],
-                              one_by_one: bool) -> None:
+                              one_by_one: bool, splits: int) -> None:
     """NaN in x gives NaN rows, +inf gives +-inf by the weight's sign (NaN for a zero weight): two
-    vectors in one call, or one vector per call (group scales then take a C column per round)."""
+    vectors in one call, or one vector per call (group scales then take a C column per round;
+    zero points then go through x's round sums, except in a split whose x is not finite)."""
     K = _tma_k(fmt[0], 1024)
     q = random_quantized(rng, (40, K), fmt)
     x = random_array(rng, (2, K), "float16")
     x[0, 700] = np.nan
     x[1, 5] = np.inf
     q_d, x_d = to_device(cp, q), cp.asarray(x)
-    assert _tma_used(cp, q_d, x_d, TMA_CONFIGS[0], 1) == _hopper(cp)
+    assert _tma_used(cp, q_d, x_d, TMA_CONFIGS[0], splits) == _hopper(cp)
     if one_by_one:
-        got = np.stack([cp.asnumpy(gemvx.cupy_gemv(q_d, x_d[i], config=(TMA_CONFIGS[0], 1))) for i in range(2)])
+        got = np.stack([cp.asnumpy(gemvx.cupy_gemv(q_d, x_d[i], config=(TMA_CONFIGS[0], splits))) for i in range(2)])
     else:
-        got = cp.asnumpy(gemvx.cupy_gemv(q_d, x_d, config=(TMA_CONFIGS[0], 1)))
+        got = cp.asnumpy(gemvx.cupy_gemv(q_d, x_d, config=(TMA_CONFIGS[0], splits)))
     got = got.astype(np.float32)
     assert np.isnan(got[0]).all()
     w5 = dequantize64(q)[:, 5]  # +inf times the sign of the weight, or NaN for a zero weight

@@ -527,7 +527,8 @@ struct QuantTma {
     const int room = dev.smem_optin - kStaticRoom;
     if (x_elems > (int64_t(1) << 20) || room <= 0) return false;
     const int nv = int(std::min<int64_t>(a.nvec, NV));
-    *smem = kernels::quant_tma_smem<T, CW, SK, S, U>(nv, int(x_elems));
+    *smem = kernels::quant_tma_smem<T, CW, SK, S, U, VPB>(
+        nv, int(x_elems), SC == kernels::Scaling::kGroup && BITS == 4 && q.zeros != nullptr);
     if (*smem > std::size_t(room)) return false;
     static std::atomic<int8_t> state[64] = {};
     if (!smem_ok(kernel<T, BITS, SC>(), room, state)) return false;

@@ -53,12 +53,14 @@ struct QuantTmaArgs {  // 64-byte aligned, as CUtensorMap is
 };
 
 // Dynamic shared memory of a launch: the rings, nv vectors of x_elems elements, for WT > 1 two
-// rounds of the partial C tiles (16 bytes a lane) that warps 1..WT-1 of a tile hand over, and 64
-// bytes of zeros.
-template <typename T, int CW, int SK, int S, int WT>
-constexpr std::size_t quant_tma_smem(int nv, int x_elems) {
+// rounds of the partial C tiles (16 bytes a lane) that warps 1..WT-1 of a tile hand over, 64
+// bytes of zeros, and with zero points (round_sums) the fp32 sum of x over each 64-byte round of
+// W (VPB = values per byte of W).
+template <typename T, int CW, int SK, int S, int WT, int VPB>
+constexpr std::size_t quant_tma_smem(int nv, int x_elems, bool round_sums) {
   return std::size_t(CW) * S * 16 * SK + std::size_t(nv) * x_elems * sizeof(T) +
-         std::size_t(2) * (CW / WT) * (WT - 1) * 32 * 16 + 64;
+         std::size_t(2) * (CW / WT) * (WT - 1) * 32 * 16 + 64 +
+         (round_sums ? std::size_t(x_elems) / (64 * VPB) * sizeof(float) : 0);
 }
 
 
@@ -120,6 +122,7 @@ __global__ void __launch_bounds__(THREADS) gemv_quant_tma(const __grid_constant_
   float4* const red = reinterpret_cast<float4*>(xs + nv * p.x_elems);
   uint32_t* const zeros64 = reinterpret_cast<uint32_t*>(red + 2 * TG * (WT - 1) * 32);
   const T* const zx = reinterpret_cast<const T*>(zeros64);
+  float* const xsum = reinterpret_cast<float*>(zeros64 + 16);  // kColumnsZ: x summed per round
   if (threadIdx.x < 16) zeros64[threadIdx.x] = 0u;
   // x past this split's K is zero (the copies below write only [0, xlen)).
   for (int v = 0; v < nv; ++v)
@@ -193,13 +196,18 @@ __global__ void __launch_bounds__(THREADS) gemv_quant_tma(const __grid_constant_
   //     lanes' B fragments read zeros instead of x), so after RW rounds column c of the tile holds
   //     the sum of round c alone; lane t scales its columns 2t, 2t + 1 by their rounds' scales
   //     (fp32, one FFMA per accumulator per flush) and the quad adds its columns at the end.
+  //     With zero points (kColumnsZ) the mmas take q - 8 as without them, and each column adds
+  //     (8 - z) times its round's sum of x (fp32, summed once per block) before it is scaled:
+  //     sum (q - z) x = sum (q - 8) x + (8 - z) sum x. Where the block's x holds a NaN or an
+  //     infinity that sum would turn a weight's +-inf into NaN, so such blocks take kColumnsZx:
+  //     the rounds' own zero points bias the dequantisation, as in kRounds.
   //   kRounds (several vectors, whose columns the tile needs): each round's own tile is scaled.
-  // Either way the mmas take the exact integers q - z. Zero points (the rounds' biases) and the
-  // kRounds scales of a stage's (round rd, row h) are entry j = 2 rd + h, held by lane j % 4 of
-  // the quad as its entry j / 4 and shuffled when used; kColumns scales are the lane's own
-  // (flush f, entry e: row g + 8 (e / 2), round f RW + 2t + e % 2). All are fetched one stage
-  // ahead, zero past K (W and x are zero there).
-  enum Mode { kRowEnd, kRounds, kColumns, kColumnsZ };
+  // The mmas take exact integers. Zero points of kRounds and kColumnsZx, and the kRounds scales,
+  // of a stage's (round rd, row h) are entry j = 2 rd + h, held by lane j % 4 of the quad as its
+  // entry j / 4 and shuffled when used; kColumns* scales and kColumnsZ zero points are the lane's
+  // own (flush f, entry e: row g + 8 (e / 2), round f RW + 2t + e % 2). All are fetched one
+  // stage ahead, zero past K (W and x are zero there).
+  enum Mode { kRowEnd, kRounds, kColumns, kColumnsZ, kColumnsZx };
   constexpr int MJ = ROUNDS / 2;
   constexpr int RW = ROUNDS < 8 ? ROUNDS : 8;  // rounds per kColumns flush: one per C column
   constexpr int FL = ROUNDS / RW;
@@ -207,6 +215,7 @@ __global__ void __launch_bounds__(THREADS) gemv_quant_tma(const __grid_constant_
     float s[MJ];
     uint32_t zp[MJ];
     float cs[FL][4];
+    uint32_t cz[FL][4];
   };
   // 32-bit k (the launcher refuses K >= 2^31 - 64). Every load is in bounds (group 0 where an
   // entry is unused or past K, its value then replaced), so the loads issue together, unbranched.
@@ -217,7 +226,7 @@ __global__ void __launch_bounds__(THREADS) gemv_quant_tma(const __grid_constant_
 #pragma unroll
     for (int h = 0; h < 2; ++h) rows[h] = clamp_row(tile * 16 + gq + 8 * h);
     auto group_of = [&](int v, bool ok) { return int64_t(ok ? v >> q.group_shift : 0); };
-    if constexpr (M != kColumns) {  // entries j = t + 4 i: all of row g + 8 (t % 2)
+    if constexpr (M == kRounds || M == kColumnsZx) {  // entries j = t + 4 i: all of row g + 8 (t % 2)
       const int64_t r = t % 2 ? rows[1] : rows[0];
       const char* srow = S0 + ((r * q.lds) << s_shift);
       const uint8_t* zrow = has_zeros ? Z0 + r * q.ldz : nullptr;
@@ -234,7 +243,7 @@ __global__ void __launch_bounds__(THREADS) gemv_quant_tma(const __grid_constant_
         m.zp[i] = ok ? zp : 8u;
       }
     }
-    if constexpr (M == kColumns || M == kColumnsZ) {
+    if constexpr (M == kColumns || M == kColumnsZ || M == kColumnsZx) {
 #pragma unroll
       for (int f = 0; f < FL; ++f)
 #pragma unroll
@@ -242,8 +251,13 @@ __global__ void __launch_bounds__(THREADS) gemv_quant_tma(const __grid_constant_
           const int c = 2 * t + e % 2;
           const int v = kst + (f * RW + c) * 64 * VPB;
           const bool ok = c < RW && v < a.K;
-          const float sv = scale_at(S0 + ((rows[e / 2] * q.lds + group_of(v, ok)) << s_shift), sk);
+          const int64_t grp = group_of(v, ok);
+          const float sv = scale_at(S0 + ((rows[e / 2] * q.lds + grp) << s_shift), sk);
           m.cs[f][e] = ok ? sv : 0.0f;
+          if constexpr (M == kColumnsZ) {
+            const uint32_t zp = zero_point(Z0 + rows[e / 2] * q.ldz + grp, true);
+            m.cz[f][e] = ok ? zp : 8u;
+          }
         }
     }
   };
@@ -290,22 +304,60 @@ __global__ void __launch_bounds__(THREADS) gemv_quant_tma(const __grid_constant_
     }
   };
 
-  auto consume = [&](auto mode) {
+  // The consumer warps' work in mode `mode`; x_done: x has arrived and is in place already (a
+  // kColumnsZ call that found a NaN or an infinity in x, and returned false).
+  auto consume = [&](auto mode, bool x_done) {
     constexpr Mode M = decltype(mode)::value;
     constexpr bool kGrouped = M != kRowEnd;
     [[maybe_unused]] Meta cur{}, nxt{};
     if constexpr (kGrouped)
       if (nsp > 0 && tile_of(0, tg) < tiles) fetch_meta(mode, cur, tile_of(0, tg), part);
-    tma::wait(tma::addr(&x_ready), 0);
-    if constexpr (BITS == 4) {
-      // int4: x in shared memory goes into the k order of the B fragments once (each 8 values
-      // k = 0..7 as (0, 4), (1, 5), (2, 6), (3, 7)), so the rounds load the fragments directly.
-      for (int i = threadIdx.x; i < nv * p.x_elems / 8; i += CW * 32) {
-        uint4* q8 = reinterpret_cast<uint4*>(xs) + i;
-        const uint4 v = *q8;
-        *q8 = int4_pair_order(v.x, v.y, v.z, v.w);
+    if (!x_done) {
+      tma::wait(tma::addr(&x_ready), 0);
+      if constexpr (BITS == 4) {
+        // int4: x in shared memory goes into the k order of the B fragments once (each 8 values
+        // k = 0..7 as (0, 4), (1, 5), (2, 6), (3, 7)), so the rounds load the fragments directly.
+        for (int i = threadIdx.x; i < nv * p.x_elems / 8; i += CW * 32) {
+          uint4* q8 = reinterpret_cast<uint4*>(xs) + i;
+          const uint4 v = *q8;
+          *q8 = int4_pair_order(v.x, v.y, v.z, v.w);
+        }
+        asm volatile("bar.sync 1, %0;" ::"n"(CW * 32) : "memory");  // the consumer warps only
       }
-      asm volatile("bar.sync 1, %0;" ::"n"(CW * 32) : "memory");  // the consumer warps only
+    }
+    if constexpr (M == kColumnsZ) {
+      // x summed over each 64-byte round of W by 8 lanes (VPB 16-byte pieces each, then added
+      // across the 8 in a fixed order), and whether any sum is not finite
+      uint32_t bad = 0u;
+      const int nr = p.x_elems / (64 * VPB);  // rounds of W in x's span
+      for (int base = warp * 32; base < nr * 8; base += CW * 32) {  // whole warps: the shuffles
+        const int r = (base + lane) / 8;
+        float sum = 0.0f;
+        if (r < nr) {
+#pragma unroll
+          for (int i = 0; i < VPB; ++i) {
+            const uint4 x4 = *reinterpret_cast<const uint4*>(xs + r * 64 * VPB + ((lane % 8) * VPB + i) * 8);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const uint32_t w = word_of(x4, e);
+              sum += float(Q::pair(w).x) + float(Q::pair(w).y);
+            }
+          }
+        }
+#pragma unroll
+        for (int o = 1; o < 8; o *= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        if (r < nr && lane % 8 == 0) {
+          xsum[r] = sum;
+          bad |= isfinite(sum) ? 0u : 1u;
+        }
+      }
+      uint32_t any;
+      asm volatile("{\n .reg .pred p, q;\n setp.ne.u32 p, %1, 0;\n bar.red.or.pred q, 1, %2, p;\n"
+                   " selp.u32 %0, 1, 0, q;\n}"
+                   : "=r"(any)
+                   : "r"(bad), "n"(CW * 32)
+                   : "memory");
+      if (any) return false;
     }
     int cnt = 0;
     for (int64_t n = 0;; ++n) {
@@ -356,12 +408,19 @@ __global__ void __launch_bounds__(THREADS) gemv_quant_tma(const __grid_constant_
             for (int r = 0; r < RW; ++r) {
               const int rd = f * RW + r;
               uint32_t blo[2] = {row_blo[0], row_blo[1]}, bhi[2] = {row_bhi[0], row_bhi[1]};
-              if constexpr (M == kColumnsZ) round_bias(cur, rd, blo, bhi);
+              if constexpr (M == kColumnsZx) round_bias(cur, rd, blo, bhi);
               round_mmas(st, gq == r ? xst + rd * 64 * VPB : zx, rd, blo, bhi, tl);
+            }
+            float zc[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // kColumnsZ: (8 - z) times the columns' round sums
+            if constexpr (M == kColumnsZ) {
+              const int r0 = k * ROUNDS + f * RW + (2 * t < RW ? 2 * t : 0);  // even: 8-byte aligned
+              const float2 xr = *reinterpret_cast<const float2*>(xsum + r0);
+#pragma unroll
+              for (int e = 0; e < 4; ++e) zc[e] = float(8 - int(cur.cz[f][e])) * (e % 2 ? xr.y : xr.x);
             }
 #pragma unroll
             for (int e = 0; e < 4; ++e)
-              acc[0][e] = fmaf(cur.cs[f][e], (tl[0][e] + tl[1][e]) + (tl[2][e] + tl[3][e]), acc[0][e]);
+              acc[0][e] = fmaf(cur.cs[f][e], ((tl[0][e] + tl[1][e]) + (tl[2][e] + tl[3][e])) + zc[e], acc[0][e]);
           }
         }
         __syncwarp();
@@ -386,7 +445,7 @@ __global__ void __launch_bounds__(THREADS) gemv_quant_tma(const __grid_constant_
           c[3] += o.w;
         }
       }
-      if constexpr (M == kColumns || M == kColumnsZ) {  // the rows' sums over the quad's columns
+      if constexpr (M == kColumns || M == kColumnsZ || M == kColumnsZx) {  // the rows' sums over the quad's columns
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           float r = c[2 * h] + c[2 * h + 1];
@@ -409,15 +468,17 @@ __global__ void __launch_bounds__(THREADS) gemv_quant_tma(const __grid_constant_
         if (m < a.M && v < nv) store_output<T>(a, split, g, v0 + v, m, c[e] * scale[e / 2]);
       }
     }
+    return true;
   };
   if constexpr (SC == Scaling::kRow) {
-    consume(std::integral_constant<Mode, kRowEnd>{});
+    consume(std::integral_constant<Mode, kRowEnd>{}, false);
   } else if (nv > 1) {
-    consume(std::integral_constant<Mode, kRounds>{});
+    consume(std::integral_constant<Mode, kRounds>{}, false);
   } else if (has_zeros) {
-    consume(std::integral_constant<Mode, kColumnsZ>{});
+    if (!consume(std::integral_constant<Mode, kColumnsZ>{}, false))
+      consume(std::integral_constant<Mode, kColumnsZx>{}, true);
   } else {
-    consume(std::integral_constant<Mode, kColumns>{});
+    consume(std::integral_constant<Mode, kColumns>{}, false);
   }
   pdl_trigger();
 #endif
