@@ -26,9 +26,10 @@
 // tile's sum at the end (kRow). Group scales (kGroup: a group spans whole rounds) are loaded one
 // stage ahead and applied in fp32 to sums of whole rounds, in one of two ways (Mode below): with
 // one vector, round r of every 8 writes only C column r (the other columns' B fragments read
-// zeros), so one FFMA per accumulator scales 8 rounds; with more vectors each round's own tile is
-// scaled. A lane's B column is vector g of the block's (vector 0 again where g >= nv; those
-// columns are not stored).
+// zeros), so one FFMA per accumulator scales 8 rounds, and zero points enter as (8 - z) times
+// the round's x sum on the integers q - 8; with more vectors each round's own tile is scaled. A
+// lane's B column is vector g of the block's (vector 0 again where g >= nv; those columns are
+// not stored).
 //
 // Requirements, checked by the launcher (which otherwise runs gemv_quant): compute capability 9.0,
 // W and x 16-byte aligned, packed rows of whole 8 bytes (int8: K % 8 == 0; int4: K % 16 == 0),
