@@ -205,12 +205,18 @@ struct ScaleKind {
 };
 
 // The scale at byte address p (4 bytes for float32, else 2) as fp32, without branches, so that
-// the loads of a step issue together.
-__device__ __forceinline__ float scale_at(const char* p, const ScaleKind& k) {
-  const uint32_t u = k.f32 ? __ldg(reinterpret_cast<const unsigned int*>(p))
-                           : uint32_t(__ldg(reinterpret_cast<const unsigned short*>(p)));
+// the loads of a step issue together: scale_bits loads the raw bits, scale_value converts them.
+// Apart, so that a load made ahead of its use is not waited for until the value is needed.
+__device__ __forceinline__ uint32_t scale_bits(const char* p, const ScaleKind& k) {
+  return k.f32 ? __ldg(reinterpret_cast<const unsigned int*>(p))
+               : uint32_t(__ldg(reinterpret_cast<const unsigned short*>(p)));
+}
+__device__ __forceinline__ float scale_value(uint32_t u, const ScaleKind& k) {
   const uint32_t h = __float_as_uint(__half2float(__ushort_as_half((unsigned short)(u & 0xFFFFu))));
   return __uint_as_float((u & k.f32) | ((u << 16) & k.bf16) | (h & k.f16));
+}
+__device__ __forceinline__ float scale_at(const char* p, const ScaleKind& k) {
+  return scale_value(scale_bits(p, k), k);
 }
 
 // Hides how p was computed, so the compiler keeps the pointer in a register instead of computing

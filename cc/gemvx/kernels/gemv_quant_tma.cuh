@@ -206,12 +206,20 @@ __global__ void __launch_bounds__(THREADS) gemv_quant_tma(const __grid_constant_
   // The mmas take exact integers. Zero points of kRounds and kColumnsZx, and the kRounds scales,
   // of a stage's (round rd, row h) are entry j = 2 rd + h, held by lane j % 4 of the quad as its
   // entry j / 4 and shuffled when used; kColumns* scales and kColumnsZ zero points are the lane's
-  // own (flush f, entry e: row g + 8 (e / 2), round f RW + 2t + e % 2). All are fetched one
-  // stage ahead, zero past K (W and x are zero there).
+  // own (flush f, entry e: row g + 8 (e / 2), round f RW + 2t + e % 2). All are loaded one
+  // stage ahead as raw bits (Raw: ok has bit i for entry i of s / zp, bit 16 + 4 f + e for entry
+  // (f, e) of cs / cz, set where the entry is in use) and decoded into Meta when their stage
+  // starts: decoded where they were loaded, the conversions made the warp wait for the loads at
+  // once, every stage (benchmarks/NOTES.md). Entries not in use (past K, where W and x are zero)
+  // decode to scale 0 and zero point 8.
   enum Mode { kRowEnd, kRounds, kColumns, kColumnsZ, kColumnsZx };
   constexpr int MJ = ROUNDS / 2;
   constexpr int RW = ROUNDS < 8 ? ROUNDS : 8;  // rounds per kColumns flush: one per C column
   constexpr int FL = ROUNDS / RW;
+  static_assert(MJ <= 16 && FL * 4 <= 16, "the ok bits of a stage's entries fit 32 bits");
+  struct Raw {
+    uint32_t s[MJ], zp[MJ], cs[FL][4], cz[FL][4], ok;
+  };
   struct Meta {
     float s[MJ];
     uint32_t zp[MJ];
@@ -219,14 +227,15 @@ __global__ void __launch_bounds__(THREADS) gemv_quant_tma(const __grid_constant_
     uint32_t cz[FL][4];
   };
   // 32-bit k (the launcher refuses K >= 2^31 - 64). Every load is in bounds (group 0 where an
-  // entry is unused or past K, its value then replaced), so the loads issue together, unbranched.
-  auto fetch_meta = [&](auto mode, Meta& m, int64_t tile, int k) {
+  // entry is unused or past K), so the loads issue together, unbranched.
+  auto fetch_meta = [&](auto mode, Raw& m, int64_t tile, int k) {
     constexpr Mode M = decltype(mode)::value;
     const int kst = int((k0 + int64_t(k) * SK) * VPB);  // the stage's first k
     int64_t rows[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) rows[h] = clamp_row(tile * 16 + gq + 8 * h);
     auto group_of = [&](int v, bool ok) { return int64_t(ok ? v >> q.group_shift : 0); };
+    m.ok = 0u;
     if constexpr (M == kRounds || M == kColumnsZx) {  // entries j = t + 4 i: all of row g + 8 (t % 2)
       const int64_t r = t % 2 ? rows[1] : rows[0];
       const char* srow = S0 + ((r * q.lds) << s_shift);
@@ -236,12 +245,9 @@ __global__ void __launch_bounds__(THREADS) gemv_quant_tma(const __grid_constant_
         const int v = kst + (t + 4 * i) / 2 * 64 * VPB;  // round (t + 4 i) / 2
         const bool ok = v < a.K;
         const int64_t grp = group_of(v, ok);
-        if constexpr (M == kRounds) {
-          const float sv = scale_at(srow + (grp << s_shift), sk);
-          m.s[i] = ok ? sv : 0.0f;
-        }
-        const uint32_t zp = zero_point(zrow + grp, has_zeros);
-        m.zp[i] = ok ? zp : 8u;
+        if constexpr (M == kRounds) m.s[i] = scale_bits(srow + (grp << s_shift), sk);
+        m.zp[i] = has_zeros ? uint32_t(__ldg(zrow + grp)) : 8u;
+        m.ok |= ok ? 1u << i : 0u;
       }
     }
     if constexpr (M == kColumns || M == kColumnsZ || M == kColumnsZx) {
@@ -253,12 +259,30 @@ __global__ void __launch_bounds__(THREADS) gemv_quant_tma(const __grid_constant_
           const int v = kst + (f * RW + c) * 64 * VPB;
           const bool ok = c < RW && v < a.K;
           const int64_t grp = group_of(v, ok);
-          const float sv = scale_at(S0 + ((rows[e / 2] * q.lds + grp) << s_shift), sk);
-          m.cs[f][e] = ok ? sv : 0.0f;
-          if constexpr (M == kColumnsZ) {
-            const uint32_t zp = zero_point(Z0 + rows[e / 2] * q.ldz + grp, true);
-            m.cz[f][e] = ok ? zp : 8u;
-          }
+          m.cs[f][e] = scale_bits(S0 + ((rows[e / 2] * q.lds + grp) << s_shift), sk);
+          if constexpr (M == kColumnsZ) m.cz[f][e] = __ldg(Z0 + rows[e / 2] * q.ldz + grp);
+          m.ok |= ok ? 1u << (16 + 4 * f + e) : 0u;
+        }
+    }
+  };
+  auto decode = [&](auto mode, const Raw& r, Meta& m) {
+    constexpr Mode M = decltype(mode)::value;
+    if constexpr (M == kRounds || M == kColumnsZx) {
+#pragma unroll
+      for (int i = 0; i < MJ; ++i) {
+        const bool ok = (r.ok >> i) & 1u;
+        if constexpr (M == kRounds) m.s[i] = ok ? scale_value(r.s[i], sk) : 0.0f;
+        m.zp[i] = ok ? r.zp[i] & 15u : 8u;
+      }
+    }
+    if constexpr (M == kColumns || M == kColumnsZ || M == kColumnsZx) {
+#pragma unroll
+      for (int f = 0; f < FL; ++f)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const bool ok = (r.ok >> (16 + 4 * f + e)) & 1u;
+          m.cs[f][e] = ok ? scale_value(r.cs[f][e], sk) : 0.0f;
+          if constexpr (M == kColumnsZ) m.cz[f][e] = ok ? r.cz[f][e] & 15u : 8u;
         }
     }
   };
@@ -310,7 +334,8 @@ __global__ void __launch_bounds__(THREADS) gemv_quant_tma(const __grid_constant_
   auto consume = [&](auto mode, bool x_done) {
     constexpr Mode M = decltype(mode)::value;
     constexpr bool kGrouped = M != kRowEnd;
-    [[maybe_unused]] Meta cur{}, nxt{};
+    [[maybe_unused]] Raw cur{}, nxt{};  // this stage's metadata as loaded, and the next one's
+    [[maybe_unused]] Meta cm;           // this stage's, decoded
     if constexpr (kGrouped)
       if (nsp > 0 && tile_of(0, tg) < tiles) fetch_meta(mode, cur, tile_of(0, tg), part);
     if (!x_done) {
@@ -376,7 +401,8 @@ __global__ void __launch_bounds__(THREADS) gemv_quant_tma(const __grid_constant_
       for (int j = 0; j < nsp; ++j, ++cnt) {
         const int k = part + WT * j;  // the stage of the row span
         const int s = cnt % S;
-        if constexpr (kGrouped) {  // the next stage's metadata, one stage ahead
+        if constexpr (kGrouped) {  // this stage's metadata decoded; the next stage's loaded
+          decode(mode, cur, cm);
           const bool more = j + 1 < nsp;
           const int64_t nt = more ? tile : tile_of(n + 1, tg);
           if (nt < tiles) fetch_meta(mode, nxt, nt, more ? k + WT : part);
@@ -391,10 +417,10 @@ __global__ void __launch_bounds__(THREADS) gemv_quant_tma(const __grid_constant_
 #pragma unroll
           for (int rd = 0; rd < ROUNDS; ++rd) {
             uint32_t blo[2], bhi[2];
-            round_bias(cur, rd, blo, bhi);
+            round_bias(cm, rd, blo, bhi);
             float rs[2];
 #pragma unroll
-            for (int h = 0; h < 2; ++h) rs[h] = quad_entry(cur.s[(2 * rd + h) / 4], 2 * rd + h);
+            for (int h = 0; h < 2; ++h) rs[h] = quad_entry(cm.s[(2 * rd + h) / 4], 2 * rd + h);
             float tl[4][4] = {};
             round_mmas(st, xst + rd * 64 * VPB, rd, blo, bhi, tl);
 #pragma unroll
@@ -409,7 +435,7 @@ __global__ void __launch_bounds__(THREADS) gemv_quant_tma(const __grid_constant_
             for (int r = 0; r < RW; ++r) {
               const int rd = f * RW + r;
               uint32_t blo[2] = {row_blo[0], row_blo[1]}, bhi[2] = {row_bhi[0], row_bhi[1]};
-              if constexpr (M == kColumnsZx) round_bias(cur, rd, blo, bhi);
+              if constexpr (M == kColumnsZx) round_bias(cm, rd, blo, bhi);
               round_mmas(st, gq == r ? xst + rd * 64 * VPB : zx, rd, blo, bhi, tl);
             }
             float zc[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // kColumnsZ: (8 - z) times the columns' round sums
@@ -417,11 +443,11 @@ __global__ void __launch_bounds__(THREADS) gemv_quant_tma(const __grid_constant_
               const int r0 = k * ROUNDS + f * RW + (2 * t < RW ? 2 * t : 0);  // even: 8-byte aligned
               const float2 xr = *reinterpret_cast<const float2*>(xsum + r0);
 #pragma unroll
-              for (int e = 0; e < 4; ++e) zc[e] = float(8 - int(cur.cz[f][e])) * (e % 2 ? xr.y : xr.x);
+              for (int e = 0; e < 4; ++e) zc[e] = float(8 - int(cm.cz[f][e])) * (e % 2 ? xr.y : xr.x);
             }
 #pragma unroll
             for (int e = 0; e < 4; ++e)
-              acc[0][e] = fmaf(cur.cs[f][e], ((tl[0][e] + tl[1][e]) + (tl[2][e] + tl[3][e])) + zc[e], acc[0][e]);
+              acc[0][e] = fmaf(cm.cs[f][e], ((tl[0][e] + tl[1][e]) + (tl[2][e] + tl[3][e])) + zc[e], acc[0][e]);
           }
         }
         __syncwarp();
