@@ -403,10 +403,13 @@ __global__ void __launch_bounds__(THREADS) gemv_quant(const QuantArgs q) {
       for (int j = 0; j < 8; ++j) acc[rt][nb][j / 4][j % 4] = 0.0f;
 
   // One chunk of this lane: the packed W of two rows per m-tile, their scales and zero points.
+  // Scales and zero points stay as loaded until the chunk is consumed (scale_value, the low
+  // nibble): converted where they were loaded, they made the warp wait for those loads before it
+  // consumed the step before (benchmarks/NOTES.md).
   struct Chunk {
     uint4 w[R][2];
-    float s[R][2];
-    uint32_t zp[R][2];
+    uint32_t s[R][2];   // scale bits, 0 (scale 0 in every dtype) where not valid
+    uint32_t zp[R][2];  // zero-point byte, 8 where none
   };
   const uint4 zero4 = make_uint4(0u, 0u, 0u, 0u);
 
@@ -420,9 +423,9 @@ __global__ void __launch_bounds__(THREADS) gemv_quant(const QuantArgs q) {
       for (int rt = 0; rt < R; ++rt)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          ch.s[rt][h] = svalid ? scale_at(srow[rt][h] + (grp << s_shift), sk) : 0.0f;
+          ch.s[rt][h] = svalid ? scale_bits(srow[rt][h] + (grp << s_shift), sk) : 0u;
           if constexpr (BITS == 4)
-            ch.zp[rt][h] = zero_point(zrow[rt][h] + grp, svalid && has_zeros);
+            ch.zp[rt][h] = svalid && has_zeros ? uint32_t(__ldg(zrow[rt][h] + grp)) : 8u;
         }
     }
   };
@@ -491,14 +494,16 @@ __global__ void __launch_bounds__(THREADS) gemv_quant(const QuantArgs q) {
 #pragma unroll
     for (int rt = 0; rt < R; ++rt) {
       uint32_t s2[2], bias_lo[2], bias_hi[2];
+      float sc[2] = {1.0f, 1.0f};  // the rows' scales of this chunk (kPre, kGroup)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        if constexpr (S == Scaling::kPre) s2[h] = Q::splat(ch.s[rt][h]);
+        if constexpr (S != Scaling::kRow) sc[h] = scale_value(ch.s[rt][h], sk);
+        if constexpr (S == Scaling::kPre) s2[h] = Q::splat(sc[h]);
         if constexpr (BITS == 4 && S == Scaling::kRow) {
           bias_lo[h] = row_blo[rt][h];
           bias_hi[h] = row_bhi[rt][h];
         } else if constexpr (BITS == 4) {
-          Q::int4_bias(ch.zp[rt][h], bias_lo[h], bias_hi[h]);
+          Q::int4_bias(ch.zp[rt][h] & 15u, bias_lo[h], bias_hi[h]);
         }
       }
       // kGroup: this chunk's tile, scaled into acc below; otherwise the mmas add into acc.
@@ -533,7 +538,7 @@ __global__ void __launch_bounds__(THREADS) gemv_quant(const QuantArgs q) {
 #pragma unroll
         for (int nb = 0; nb < NB; ++nb)
 #pragma unroll
-          for (int j = 0; j < 4; ++j) acc[rt][nb][0][j] = fmaf(ch.s[rt][j / 2], tile[nb][0][j] + tile[nb][1][j], acc[rt][nb][0][j]);
+          for (int j = 0; j < 4; ++j) acc[rt][nb][0][j] = fmaf(sc[j / 2], tile[nb][0][j] + tile[nb][1][j], acc[rt][nb][0][j]);
       }
     }
   };
