@@ -510,6 +510,8 @@ def test_table_quant_keys(tmp_path: Path) -> None:
     ({"dtype": "int4g48-float16"}, "dtype"),
     ({"dtype": "int3g128-float16"}, "dtype"),
     ({"dtype": "int4g128-float32"}, "dtype"),
+    ({"dtype": "int8g128z-float16"}, "dtype"),  # int8 has no zero points
+    ({"dtype": "int4g128zz-float16"}, "dtype"),
 ])
 def test_table_rejects_mismatched_quant_entries(tmp_path: Path, over: dict[str, Any], match: str) -> None:
     with pytest.raises(ValueError, match=match):
@@ -544,10 +546,39 @@ def test_resolve_config_quant() -> None:
 
 def test_table_keys() -> None:
     rng = np.random.default_rng(0)
-    assert random_quantized(rng, (4, 64), (4, 128, True)).check().table_key("float16") == "int4g128-float16"
+    assert random_quantized(rng, (4, 64), (4, 128, True)).check().table_key("float16") == "int4g128z-float16"
+    assert random_quantized(rng, (4, 64), (4, 128, False)).check().table_key("float16") == "int4g128-float16"
+    assert random_quantized(rng, (4, 64), (4, None, True)).check().table_key("bfloat16") == "int4cz-bfloat16"
     assert random_quantized(rng, (4, 64), (8, None, False)).check().table_key("bfloat16") == "int8c-bfloat16"
-    assert all(_table.is_quant_key(k) for k in ("int4g32-float16", "int8c-bfloat16", "int4g1024-float16"))
-    assert not any(_table.is_quant_key(k) for k in ("float16", "int4g33-float16", "int4g16-float16", "int2c-float16"))
+    assert all(_table.is_quant_key(k) for k in ("int4g32-float16", "int8c-bfloat16", "int4g1024-float16",
+                                                "int4g128z-float16", "int4cz-bfloat16"))
+    assert not any(_table.is_quant_key(k) for k in ("float16", "int4g33-float16", "int4g16-float16", "int2c-float16",
+                                                    "int8cz-float16", "int8g64z-bfloat16", "int4g33z-float16"))
+    assert _table.quant_key_format("int4g128z-bfloat16") == (4, 128, True)
+    assert _table.quant_key_format("int8c-float16") == (8, None, False)
+    assert _table.quant_key_format("float16") is None
+    assert [_table.symmetric_key(k) for k in ("int4g128z-bfloat16", "int4cz-float16", "int4g64-float16", "float16")] \
+        == ["int4g128-bfloat16", "int4c-float16", "int4g64-float16", "float16"]
+
+
+def test_select_zero_points_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A call with zero points takes its own ``z`` entries where the table has them, else the
+    entries of the same format without zero points, else the rules."""
+    a, b = QUANT_CONFIGS[0]["id"], QUANT_CONFIGS[1]["id"]
+    _write_table(tmp_path / "sm_999.json",
+                 [_entry(config=a, splits=3), _entry(dtype="int4g128z-bfloat16", config=b, splits=1)])
+    monkeypatch.setenv("GEMVX_TABLE_DIR", str(tmp_path))
+    for f in (_table.table_for.cache_clear, _table._select_cached.cache_clear):
+        f()
+    try:
+        sel = lambda key: _table.select("sm_999", None, 132, key, "N", 1, 4096, 4096)  # noqa: E731
+        assert sel("int4g128z-bfloat16") == (b, 1)
+        assert sel("int4g128z-float16") == sel("int4g128-float16") == (a, 3)
+        assert sel("int4g64z-float16") == _table.fallback_quant_rules("int4g64z-float16", 1, 4096, 4096, 132) \
+            == _table.fallback_quant_rules("int4g64-float16", 1, 4096, 4096, 132)
+    finally:
+        for f in (_table.table_for.cache_clear, _table._select_cached.cache_clear):
+            f()
 
 
 # ---- the pytree and the container -------------------------------------------------------------------

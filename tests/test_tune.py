@@ -203,10 +203,12 @@ def test_quant_grid_and_candidates() -> None:
 
 def test_quant_call_bytes() -> None:
     """Packed codes (int4: two per byte, an odd K padded), float16 scales, x and y."""
-    assert tune.quant_format("int4g128-float16") == (4, 128)
-    assert tune.quant_format("int8c-bfloat16") == (8, None)
+    assert tune.quant_format("int4g128-float16") == (4, 128, False)
+    assert tune.quant_format("int4g128z-float16") == (4, 128, True)
+    assert tune.quant_format("int8c-bfloat16") == (8, None, False)
     assert tune.quant_format("float16") is None
     assert tune.call_bytes(tune.Point("int4g128-float16", "N", 2, 4, 301)) == 4 * (151 + 2 * 3) + 2 * 305 * 2
+    assert tune.call_bytes(tune.Point("int4g128z-float16", "N", 2, 4, 301)) == 4 * (151 + 3 * 3) + 2 * 305 * 2
     assert tune.call_bytes(tune.Point("int8c-bfloat16", "N", 1, 6, 40)) == 6 * (40 + 2) + 46 * 2
     assert tune.call_bytes(tune.Point("float32", "N", 1, 6, 40)) == (240 + 46) * 4
 
@@ -310,12 +312,14 @@ def test_parse_args() -> None:
     assert a.shapes == [(4096, 4096), (256, 65536)] and a.merge and a.out == "x"
     assert a.quant is None
     assert tune.parse_args(["--quant", "int8c, int4g128,int8c"]).quant == ["int8c", "int4g128"]
+    assert tune.parse_args(["--quant", "int4g128z,int4cz"]).quant == ["int4g128z", "int4cz"]
 
 
 @pytest.mark.parametrize("argv", [["--dtypes", "float64"], ["--layouts", "X"], ["--batches", "0"],
                                   ["--batches", "a"], ["--shapes", "4096"], ["--shapes", "0x5"],
                                   ["--replays", "0"], ["--max-w-mib", "-1"], ["--time-limit", "0"],
                                   ["--quant", "int4"], ["--quant", "int4g100"], ["--quant", "int2c"],
+                                  ["--quant", "int8cz"], ["--quant", "int4g128zz"],
                                   ["--quant", "int8c", "--dtypes", "float32"]])
 def test_parse_args_rejects(argv: list[str], capsys: pytest.CaptureFixture) -> None:
     with pytest.raises(SystemExit) as info:
@@ -463,13 +467,13 @@ def test_tune_small_grid(dirs: tuple[Path, Path], tmp_path: Path, capsys: pytest
 @pytest.mark.gpu
 def test_tune_quant_small_grid(dirs: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """A real tune of quantised points (odd K with a partial group and a padded nibble, a
-    16-vector batch): every Quant candidate passes its check against the dequantised product,
-    and gemvx then runs the tuned choices for those keys."""
-    argv = ["--quant", "int8c,int4g128", "--dtypes", "bfloat16", "--batches", "1,16",
+    16-vector batch, int4 with zero points): every Quant candidate passes its check against the
+    dequantised product, and gemvx then runs the tuned choices for those keys."""
+    argv = ["--quant", "int8c,int4g128,int4g128z", "--dtypes", "bfloat16", "--batches", "1,16",
             "--shapes", "77x1031,2048x4096"]
     props, arch, _, entries, records = _tune_on_gpu(dirs[0], tmp_path, capsys, argv)
-    assert {e["dtype"] for e in entries} == {"int8c-bfloat16", "int4g128-bfloat16"}
-    assert len(entries) == 8 and {e["layout"] for e in entries} == {"N"}
+    assert {e["dtype"] for e in entries} == {"int8c-bfloat16", "int4g128-bfloat16", "int4g128z-bfloat16"}
+    assert len(entries) == 12 and {e["layout"] for e in entries} == {"N"}
     for rec in records:
         bad = [r for r in rec["results"] if r["status"] != "ok"]
         assert rec["results"] and not bad, (rec["dtype"], rec["batch"], rec["M"], rec["K"], bad)

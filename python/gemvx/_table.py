@@ -25,9 +25,11 @@ The config ids a table names must be compiled into this build (``gemvx.configs()
 naming any other id, or a config of the wrong layout, is rejected at load with ValueError.
 
 Weight-only quantised calls are tabulated under a dtype key that names the weight format and x's
-dtype, ``int{bits}{g<group size>|c}-{x dtype}`` (e.g. ``"int4g128-float16"``, ``"int8c-bfloat16"``
-for per-channel scales), always layout N, and must name configs of the Quant families (Quant,
-QuantTma); dense keys must name dense configs. A quantised call with no entry for its key gets
+dtype, ``int{bits}{g<group size>|c}[z]-{x dtype}`` (e.g. ``"int4g128-float16"``, ``"int8c-bfloat16"``
+for per-channel scales, ``"int4g128z-float16"`` for int4 with zero points), always layout N, and
+must name configs of the Quant families (Quant, QuantTma); dense keys must name dense configs. A
+call with zero points and no entry under its ``z`` key takes the entries of the same format
+without zero points; a quantised call with no entry for either key gets
 :func:`fallback_quant_rules`.
 """
 
@@ -52,22 +54,29 @@ PACKAGE_TABLES = Path(__file__).with_name("tables")
 # blocks we want before splitting K is worth a second pass.
 _RESIDENT_THREADS = 2048
 
-# Dtype keys of quantised weights: int4g128-float16, int8c-bfloat16 (c: one scale per channel).
-QUANT_KEY = re.compile(r"^int(4|8)(c|g(\d+))-(float16|bfloat16)$")
+# Dtype keys of quantised weights: int4g128-float16, int8c-bfloat16 (c: one scale per channel),
+# int4g128z-float16 (z: with zero points, int4 only).
+QUANT_KEY = re.compile(r"^int(4|8)(c|g(\d+))(z?)-(float16|bfloat16)$")
 
 
-def quant_key_format(dtype: str) -> tuple[int, int | None] | None:
-    """(bits, group size or None for per channel) of a quantised table key such as
-    ``int4g128-float16``; None for any other key."""
+def quant_key_format(dtype: str) -> tuple[int, int | None, bool] | None:
+    """(bits, group size or None for per channel, zero points) of a quantised table key such as
+    ``int4g128-float16`` or ``int4g128z-bfloat16``; None for any other key."""
     m = QUANT_KEY.match(dtype) if isinstance(dtype, str) else None
     if m is None:
         return None
-    return int(m.group(1)), None if m.group(3) is None else int(m.group(3))
+    return int(m.group(1)), None if m.group(3) is None else int(m.group(3)), m.group(4) == "z"
 
 
 def is_quant_key(dtype: str) -> bool:
-    m = QUANT_KEY.match(dtype) if isinstance(dtype, str) else None
-    return m is not None and (m.group(3) is None or _is_pow2_group(int(m.group(3))))
+    fmt = quant_key_format(dtype)
+    return fmt is not None and (fmt[1] is None or _is_pow2_group(fmt[1])) and not (fmt[2] and fmt[0] == 8)
+
+
+def symmetric_key(dtype: str) -> str:
+    """The key of the same format without zero points (``int4g128z-float16`` ->
+    ``int4g128-float16``); any other key unchanged."""
+    return QUANT_KEY.sub(r"int\1\2-\5", dtype) if quant_key_format(dtype) else dtype
 
 
 def _is_pow2_group(g: int) -> bool:
@@ -301,7 +310,7 @@ def fallback_quant_rules(dtype: str, batch: int, M: int, K: int, sm_count: int) 
     fmt = quant_key_format(dtype)
     if fmt is None:
         raise ValueError(f"gemvx: {dtype!r} is not a quantised dtype key")
-    bits, group = fmt
+    bits, group, _ = fmt
     per_chunk = 32 if bits == 4 else 16  # K values per 16-byte chunk of packed W
     cfgs = config_by_id()
     tiles = math.ceil(M / 16)
@@ -335,7 +344,8 @@ def select(arch: str, device_name: str | None, sm_count: int, dtype: str, layout
 @functools.lru_cache(maxsize=4096)
 def _select_cached(arch, device_name, sm_count, dtype, layout, batch, M, K):
     t = table_for(arch, device_name)
-    hit = t.lookup(dtype, layout, batch, M, K) if t is not None else None
+    hit = None if t is None else (t.lookup(dtype, layout, batch, M, K)
+                                  or t.lookup(symmetric_key(dtype), layout, batch, M, K))
     if hit is not None:
         return hit
     if is_quant_key(dtype):

@@ -181,9 +181,10 @@ class QuantSpec:
         return (self.K + 1) // 2 if self.bits == 4 else self.K
 
     def table_key(self, x_dtype: str) -> str:
-        """The dtype key of the heuristic table, e.g. "int4g128-float16", "int8c-bfloat16"."""
+        """The dtype key of the heuristic table, e.g. "int4g128-float16", "int8c-bfloat16",
+        "int4g128z-float16" (with zero points)."""
         g = "c" if self.group_size is None else f"g{self.group_size}"
-        return f"int{self.bits}{g}-{x_dtype}"
+        return f"int{self.bits}{g}{'z' if self.has_zeros else ''}-{x_dtype}"
 
 
 def _is_int(v: Any) -> bool:

@@ -24,13 +24,14 @@ The default grid: float32, float16, bfloat16 x layouts N, T x batches 1, 4, 16 x
 of two 256 .. 131072 with W at most 1 GiB, plus the shapes of DESIGN.md section 6. ``--dry-run``
 prints the grid, the number of timings and the time they should take, with no GPU.
 
-Weight-only quantised calls (``--quant int8c,int4g128,...``: int8 / int4, ``c`` for one scale
-per row or ``g<size>`` for groups) are tuned instead of the dense grid: each format with each x
-dtype of ``--dtypes`` (float16, bfloat16) becomes a table key such as ``int4g128-float16``; the
-candidates are the Quant configs (the 16-vector ones for batches above 8, the others below),
-layout N, on symmetric random codes (zero points use the same entries), checked against the
-float64 product with the dequantised W. The grid caps W at ``--max-w-mib`` of float16-equivalent
-size.
+Weight-only quantised calls (``--quant int8c,int4g128,int4g128z,...``: int8 / int4, ``c`` for one
+scale per row or ``g<size>`` for groups, ``z`` for int4 with zero points) are tuned instead of the
+dense grid: each format with each x dtype of ``--dtypes`` (float16, bfloat16) becomes a table key
+such as ``int4g128-float16``; the candidates are the Quant configs (the 16-vector ones for batches
+above 8, the others below), layout N, on random codes (with random zero points for a ``z``
+format; calls with zero points use the entries of the format without them where the table has
+no ``z`` entries), checked against the float64 product with the dequantised W. The grid caps W
+at ``--max-w-mib`` of float16-equivalent size.
 """
 
 from __future__ import annotations
@@ -100,9 +101,9 @@ def itemsize(dtype: str) -> int:
     return 4 if dtype == "float32" else 2
 
 
-def quant_format(dtype: str) -> tuple[int, int | None] | None:
-    """(bits, group size or None) of a quantised table key such as ``int4g128-float16``; None
-    for a dense dtype."""
+def quant_format(dtype: str) -> tuple[int, int | None, bool] | None:
+    """(bits, group size or None, zero points) of a quantised table key such as
+    ``int4g128-float16``; None for a dense dtype."""
     return _table.quant_key_format(dtype)
 
 
@@ -119,14 +120,15 @@ def x_dtype(dtype: str) -> str:
 
 
 def call_bytes(p: Point) -> int:
-    """Bytes one call moves: W (quantised: packed codes and float16 scales), x and y."""
+    """Bytes one call moves: W (quantised: packed codes, float16 scales and uint8 zero points),
+    x and y."""
     xy = p.batch * (p.M + p.K) * itemsize(x_dtype(p.dtype))
     q = quant_format(p.dtype)
     if q is None:
         return p.M * p.K * itemsize(p.dtype) + xy
-    bits, g = q
+    bits, g, zeros = q
     row = p.K if bits == 8 else (p.K + 1) // 2
-    return p.M * (row + 2 * (1 if g is None else math.ceil(p.K / g))) + xy
+    return p.M * (row + (3 if zeros else 2) * (1 if g is None else math.ceil(p.K / g))) + xy
 
 
 # ---- the grid ----------------------------------------------------------------------------------
@@ -455,7 +457,7 @@ def _tune_points(cp: Any, props: dict, points: list[Point], cands: list[list],
 
 def _weight_copies(cp: Any, me: Any, rs: Any, p: Point, reps: int, dt: Any) -> Any:
     """``reps`` copies of a random W for a point, indexable by copy: a (reps, ...) array, or a
-    list of QuantizedWeight views of stacked arrays (symmetric codes) for a quantised key. Only
+    list of QuantizedWeight views of stacked arrays for a quantised key. Only
     the first copy's content matters (the check reads it); the others give each call its own
     place in memory."""
     q = quant_format(p.dtype)
@@ -466,12 +468,18 @@ def _weight_copies(cp: Any, me: Any, rs: Any, p: Point, reps: int, dt: Any) -> A
         return Ws
     from .quant import QuantizedWeight
 
-    q0 = me.random_quantized(cp, rs, q[0], q[1], False, p.M, p.K)
-    packed = cp.empty((reps,) + q0.packed.shape, q0.packed.dtype)
-    scales = cp.empty((reps,) + q0.scales.shape, q0.scales.dtype)
-    packed[:], scales[:] = q0.packed, q0.scales
-    return [QuantizedWeight(packed[i], scales[i], bits=q0.bits, group_size=q0.group_size, K=p.K)
-            for i in range(reps)]
+    q0 = me.random_quantized(cp, rs, *q, p.M, p.K)
+
+    def stack(a: Any) -> Any:
+        if a is None:
+            return None
+        out = cp.empty((reps,) + a.shape, a.dtype)
+        out[:] = a
+        return out
+
+    packed, scales, zeros = (stack(a) for a in (q0.packed, q0.scales, q0.zeros))
+    return [QuantizedWeight(packed[i], scales[i], None if zeros is None else zeros[i], bits=q0.bits,
+                            group_size=q0.group_size, K=p.K) for i in range(reps)]
 
 
 def _tune_point(cp: Any, timer: _Timer, p: Point, pl: Plan, cand: list[tuple[int, int]], Ws: Any,
@@ -555,13 +563,15 @@ def csv_list(kind: str, valid: tuple, conv: Callable[[str], Any] = str) -> Calla
 
 def parse_quant(s: str) -> list[str]:
     """``"int8c,int4g128"`` -> weight formats (int8 / int4; ``c`` per channel, ``g<size>`` with a
-    power-of-two group size >= 32), duplicates dropped."""
+    power-of-two group size >= 32; a trailing ``z``, int4 only: with zero points), duplicates
+    dropped."""
     out = [v.strip() for v in s.split(",") if v.strip()]
     bad = [v for v in out if not _table.is_quant_key(f"{v}-float16")]
     if bad or not out:
         raise argparse.ArgumentTypeError(
             f"bad weight format(s) {bad or s!r}: expected int8c, int4c, or int8g<size> / "
-            "int4g<size> with a power-of-two size >= 32, e.g. int4g128")
+            "int4g<size> with a power-of-two size >= 32, e.g. int4g128; int4 formats may end in z "
+            "(zero points), e.g. int4g128z")
     return list(dict.fromkeys(out))
 
 
@@ -602,7 +612,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="vectors per call, comma list (default 1,4,16)")
     ap.add_argument("--quant", type=parse_quant, default=None, metavar="FORMATS",
                     help="tune weight-only quantised calls of these formats (comma list such as "
-                         "int8c,int4g128; layout N, x float16/bfloat16 of --dtypes) instead of "
+                         "int8c,int4g128,int4g128z; layout N, x float16/bfloat16 of --dtypes) instead of "
                          "the dense grid")
     ap.add_argument("--shapes", type=parse_shapes, default=None,
                     help="tune only these MxK shapes (no size cap) instead of the grid")
