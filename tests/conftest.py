@@ -96,6 +96,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture
+def table_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A user table directory ($GEMVX_TABLE_DIR) for the test, with gemvx's table caches cleared
+    around it."""
+    from gemvx import _table
+
+    user = tmp_path / "user_tables"
+    user.mkdir()
+    monkeypatch.setenv("GEMVX_TABLE_DIR", str(user))
+    _table.table_for.cache_clear()
+    _table._select_cached.cache_clear()
+    yield user
+    _table.table_for.cache_clear()
+    _table._select_cached.cache_clear()
+
+
+@pytest.fixture
 def rng(request: pytest.FixtureRequest) -> np.random.Generator:
     """A fresh generator per test, seeded from the test's node id (failures reproduce)."""
     return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))

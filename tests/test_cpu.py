@@ -695,17 +695,6 @@ def test_shipped_tables_load(path: Path) -> None:
     assert t._by_key, f"{path} has no entries"
 
 
-@pytest.fixture
-def table_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    """A GEMVX_TABLE_DIR for the test, with the table caches cleared around it."""
-    monkeypatch.setenv("GEMVX_TABLE_DIR", str(tmp_path))
-    _table.table_for.cache_clear()
-    _table._select_cached.cache_clear()
-    yield tmp_path
-    _table.table_for.cache_clear()
-    _table._select_cached.cache_clear()
-
-
 def test_table_for_prefers_device_file(table_dir: Path) -> None:
     arch = "sm_977"
     _write(table_dir / "sm_977.json", [_entry(config=N_IDS[0])], arch=arch)

@@ -561,24 +561,17 @@ def test_table_keys() -> None:
         == ["int4g128-bfloat16", "int4c-float16", "int4g64-float16", "float16"]
 
 
-def test_select_zero_points_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_select_zero_points_key(table_dir: Path) -> None:
     """A call with zero points takes its own ``z`` entries where the table has them, else the
     entries of the same format without zero points, else the rules."""
     a, b = QUANT_CONFIGS[0]["id"], QUANT_CONFIGS[1]["id"]
-    _write_table(tmp_path / "sm_999.json",
+    _write_table(table_dir / "sm_999.json",
                  [_entry(config=a, splits=3), _entry(dtype="int4g128z-bfloat16", config=b, splits=1)])
-    monkeypatch.setenv("GEMVX_TABLE_DIR", str(tmp_path))
-    for f in (_table.table_for.cache_clear, _table._select_cached.cache_clear):
-        f()
-    try:
-        sel = lambda key: _table.select("sm_999", None, 132, key, "N", 1, 4096, 4096)  # noqa: E731
-        assert sel("int4g128z-bfloat16") == (b, 1)
-        assert sel("int4g128z-float16") == sel("int4g128-float16") == (a, 3)
-        assert sel("int4g64z-float16") == _table.fallback_quant_rules("int4g64z-float16", 1, 4096, 4096, 132) \
-            == _table.fallback_quant_rules("int4g64-float16", 1, 4096, 4096, 132)
-    finally:
-        for f in (_table.table_for.cache_clear, _table._select_cached.cache_clear):
-            f()
+    sel = lambda key: _table.select("sm_999", None, 132, key, "N", 1, 4096, 4096)  # noqa: E731
+    assert sel("int4g128z-bfloat16") == (b, 1)
+    assert sel("int4g128z-float16") == sel("int4g128-float16") == (a, 3)
+    assert sel("int4g64z-float16") == _table.fallback_quant_rules("int4g64z-float16", 1, 4096, 4096, 132) \
+        == _table.fallback_quant_rules("int4g64-float16", 1, 4096, 4096, 132)
 
 
 # ---- the pytree and the container -------------------------------------------------------------------

@@ -37,18 +37,12 @@ def _write(path: Path, entries: list[dict], arch: str = "sm_977", device: str | 
 
 
 @pytest.fixture
-def dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+def dirs(table_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
     """(user dir via $GEMVX_TABLE_DIR, package dir) for the test, table caches cleared around it."""
-    user, pkg = tmp_path / "user", tmp_path / "pkg"
-    user.mkdir()
+    pkg = tmp_path / "pkg"
     pkg.mkdir()
-    monkeypatch.setenv("GEMVX_TABLE_DIR", str(user))
     monkeypatch.setattr(_table, "PACKAGE_TABLES", pkg)
-    _table.table_for.cache_clear()
-    _table._select_cached.cache_clear()
-    yield user, pkg
-    _table.table_for.cache_clear()
-    _table._select_cached.cache_clear()
+    return table_dir, pkg
 
 
 # ---- where tables are found --------------------------------------------------------------------

@@ -344,8 +344,9 @@ def select(arch: str, device_name: str | None, sm_count: int, dtype: str, layout
 @functools.lru_cache(maxsize=4096)
 def _select_cached(arch, device_name, sm_count, dtype, layout, batch, M, K):
     t = table_for(arch, device_name)
-    hit = None if t is None else (t.lookup(dtype, layout, batch, M, K)
-                                  or t.lookup(symmetric_key(dtype), layout, batch, M, K))
+    hit = None if t is None else t.lookup(dtype, layout, batch, M, K)
+    if hit is None and t is not None and symmetric_key(dtype) != dtype:  # zero points: the format's
+        hit = t.lookup(symmetric_key(dtype), layout, batch, M, K)
     if hit is not None:
         return hit
     if is_quant_key(dtype):
