@@ -125,8 +125,9 @@ def main() -> int:
             q = quantized(M, K, 8, None, False)
             check(q, rand((nv, K), np.dtype("bfloat16")), config=(c["id"], splits))
         # group scales with several vectors, and with one (a C column per round: symmetric, and
-        # zero points through x's round sums)
-        for (M, K, bits, g, splits, nv, asym) in ((300, 8208, 4, 128, 3, 11, True), (70, 28672, 4, 256, 13, 2, True),
+        # zero points through x's round sums; 9 vectors: a last block of one)
+        for (M, K, bits, g, splits, nv, asym) in ((300, 8208, 4, 128, 3, 11, True), (300, 8208, 4, 128, 3, 9, True),
+                                                  (70, 28672, 4, 256, 13, 2, True),
                                                   (37, 2000, 4, None, 1, 3, True), (45, 1000, 8, 64, 1, 2, False),
                                                   (300, 8208, 4, 128, 3, 1, False), (70, 28672, 4, 256, 13, 1, True),
                                                   (45, 1000, 8, 64, 1, 1, False)):

@@ -266,9 +266,11 @@ def test_tma_configs(cp: Any, rng: np.random.Generator, cfg_id: int, fmt: tuple[
 @GPU
 @pytest.mark.parametrize("cfg_id,fmt,w_batch,x_batch", [
     (c, f, w, x) for c in TMA_CONFIGS for f in [(8, None, False), (4, 128, True)]
-    for w, x in [((), (1,)), ((), (8,)), ((), (11,)), ((3,), (3,)), ((2, 1), (1, 5))]], ids=qid)
+    for w, x in [((), (1,)), ((), (8,)), ((), (9,)), ((), (11,)), ((3,), (3,)), ((2, 1), (1, 5))]], ids=qid)
 def test_tma_vectors_and_matrices(cp: Any, rng: np.random.Generator, cfg_id: int, fmt: tuple[int, Any, bool],
                                   w_batch: tuple[int, ...], x_batch: tuple[int, ...]) -> None:
+    """Vectors in blocks of 8 (9: a last block of one, which with zero points sums x over its
+    rounds) and batched W."""
     K = _tma_k(fmt[0], 1040)
     q = random_quantized(rng, w_batch + (300, K), fmt, "bfloat16")
     x = random_array(rng, x_batch + (K,), "float16")

@@ -230,6 +230,12 @@ def test_timing_plan() -> None:
     assert big.reps == tune.R_MIN and not big.flush
     mid = tune.timing_plan(tune.Point("float16", "N", 16, 8192, 8192), l2)
     assert tune.R_MIN <= mid.reps <= tune.R_MAX
+    # the work per replay sets the calls per graph: 4x the work, 4x the calls (within the bounds)
+    q = tune.Point("int4g128-float16", "N", 1, 16384, 16384)
+    short, long = tune.timing_plan(q, l2, 100e-6), tune.timing_plan(q, l2, 400e-6)
+    assert tune.R_MIN < short.reps and long.reps < tune.R_MAX
+    assert 3 * short.reps <= long.reps <= 5 * short.reps, (short.reps, long.reps)
+    assert tune.timing_plan(q, l2) == short  # the default is the dense grid's
 
 
 def test_choose_prefers_fewer_splits_within_tie() -> None:
@@ -307,11 +313,17 @@ def test_parse_args() -> None:
     assert a.quant is None
     assert tune.parse_args(["--quant", "int8c, int4g128,int8c"]).quant == ["int8c", "int4g128"]
     assert tune.parse_args(["--quant", "int4g128z,int4cz"]).quant == ["int4g128z", "int4cz"]
+    # work per graph replay: the dense grid's default, --quant's, or the one asked for
+    assert a.replay_us == tune.REPLAY_TARGET_S * 1e6
+    assert tune.parse_args(["--quant", "int8c"]).replay_us == tune.QUANT_REPLAY_TARGET_S * 1e6
+    assert tune.parse_args(["--quant", "int8c", "--replay-us", "50"]).replay_us == 50.0
+    assert tune.parse_args(["--replay-us", "250"]).replay_us == 250.0
 
 
 @pytest.mark.parametrize("argv", [["--dtypes", "float64"], ["--layouts", "X"], ["--batches", "0"],
                                   ["--batches", "a"], ["--shapes", "4096"], ["--shapes", "0x5"],
-                                  ["--replays", "0"], ["--max-w-mib", "-1"], ["--time-limit", "0"],
+                                  ["--replays", "0"], ["--replay-us", "0"], ["--replay-us", "nan"],
+                                  ["--max-w-mib", "-1"], ["--time-limit", "0"],
                                   ["--quant", "int4"], ["--quant", "int4g100"], ["--quant", "int2c"],
                                   ["--quant", "int8cz"], ["--quant", "int4g128zz"],
                                   ["--quant", "int8c", "--dtypes", "float32"]])

@@ -446,7 +446,7 @@ struct Quant {
 // gemv_quant with config 103's shape, whose 16-row blocks and split spans match this family's.
 template <int THREADS, int SK, int S, int U, int NV>
 struct QuantTma {
-  static_assert(NV == 8 && SK % 256 == 0 && (THREADS / 32 - 1) % U == 0,
+  static_assert(NV == kernels::kQuantTmaNV && SK % 256 == 0 && (THREADS / 32 - 1) % U == 0,
                 "QuantTma configs: 8 vectors, SK a multiple of 256, UNROLL dividing the consumer warps");
   using Fallback = Quant<128, 16, 1, 2, 8>;
   static constexpr int kStaticRoom = 1024;  // kept for the kernel's static shared memory (barriers)
@@ -528,7 +528,7 @@ struct QuantTma {
     if (x_elems > (int64_t(1) << 20) || room <= 0) return false;
     const int nv = int(std::min<int64_t>(a.nvec, NV));
     *smem = kernels::quant_tma_smem<T, CW, SK, S, U, VPB>(
-        nv, int(x_elems), SC == kernels::Scaling::kGroup && BITS == 4 && q.zeros != nullptr);
+        nv, int(x_elems), kernels::quant_tma_round_sums(SC, BITS, q.zeros != nullptr, a.nvec));
     if (*smem > std::size_t(room)) return false;
     static std::atomic<int8_t> state[64] = {};
     if (!smem_ok(kernel<T, BITS, SC>(), room, state)) return false;

@@ -9,7 +9,11 @@ looks for it (:func:`gemvx._table.table_for`): by default the user table directo
 
 Timing (the method of benchmarks/README.md): R calls, each on its own copy of W, x and y, are
 captured into one CUDA graph; replays are timed with CUDA events, per-call time = replay / R,
-median over replays. R is about 100 us of work (2..32 calls). When the R copies together are
+median over replays. R is about 100 us of work for the dense grid and 400 us for ``--quant``
+(2..32 calls; ``--replay-us``). Longer graphs, closer to the benchmark's, let the first call of a
+replay (no kernel before it to overlap its start with) weigh less: at 8 calls per graph the order
+of two quantised configs flipped against the benchmark's (benchmarks/NOTES.md); the dense grid
+keeps 100 us to stay within its time budget. When the R copies together are
 smaller than 4x L2, the graph first reads a 3x L2 buffer (evicting W from L2) and that read's
 own time, measured once, is subtracted: every call reads W from HBM, as in a model's decode step.
 
@@ -66,7 +70,8 @@ QUANT_X_DTYPES = ("float16", "bfloat16")  # x dtypes of the quantised kernels
 TIE = 0.01                     # within 1% of the fastest, fewer splits win
 
 # Timing plan (see the module docstring).
-REPLAY_TARGET_S = 100e-6       # work per graph replay
+REPLAY_TARGET_S = 100e-6       # work per graph replay (--replay-us): the dense grid
+QUANT_REPLAY_TARGET_S = 400e-6  # and --quant
 R_MIN, R_MAX = 2, 32           # calls (= rotated copies) per graph
 ROTATE_L2 = 4                  # copies below ROTATE_L2 x L2 get an L2 flush ahead of each replay
 FLUSH_L2 = 3                   # the flush reads FLUSH_L2 x L2 bytes
@@ -209,19 +214,20 @@ class Plan(NamedTuple):
     est_call_s: float
 
 
-def timing_plan(p: Point, l2_bytes: int) -> Plan:
+def timing_plan(p: Point, l2_bytes: int, target_s: float = REPLAY_TARGET_S) -> Plan:
     per = call_bytes(p)
     t = per / BW_EST + LAUNCH_S
-    reps = max(R_MIN, min(R_MAX, round(REPLAY_TARGET_S / t)))
+    reps = max(R_MIN, min(R_MAX, round(target_s / t)))
     return Plan(reps, reps * per < ROTATE_L2 * l2_bytes, t)
 
 
-def estimate_seconds(points: list[Point], n_cands: list[int], l2_bytes: int) -> float:
+def estimate_seconds(points: list[Point], n_cands: list[int], l2_bytes: int,
+                     target_s: float = REPLAY_TARGET_S) -> float:
     """Expected wall time of tuning ``points`` (``n_cands[i]`` timings for point i)."""
     flush_s = FLUSH_L2 * l2_bytes / BW_EST
     total = 0.0
     for p, n in zip(points, n_cands):
-        pl = timing_plan(p, l2_bytes)
+        pl = timing_plan(p, l2_bytes, target_s)
         replay = pl.reps * pl.est_call_s + (flush_s if pl.flush else 0.0)
         per_timing = HOST_S_PER_TIMING + pl.reps * HOST_S_PER_CALL + (REPLAYS + 1) * replay
         point = HOST_S_PER_POINT + pl.reps * call_bytes(p) / BW_EST + n * per_timing
@@ -417,7 +423,7 @@ class _Timer:
 
 def _tune_points(cp: Any, props: dict, points: list[Point], cands: list[list],
                  befores: list[tuple[int, int] | None], progress: Progress, replays: int,
-                 deadline: float) -> list[dict]:
+                 deadline: float, target_s: float = REPLAY_TARGET_S) -> list[dict]:
     """Check and time every candidate of every point, one record per point, until ``deadline``
     (time.time()) passes: the points not started by then get no record. Points that share W
     (the batches of one shape) reuse its copies."""
@@ -431,7 +437,7 @@ def _tune_points(cp: Any, props: dict, points: list[Point], cands: list[list],
             if time.time() > deadline:
                 progress.write(f"time limit reached: {len(points) - len(records)} points not tuned")
                 break
-            pl = timing_plan(p, props["l2_bytes"])
+            pl = timing_plan(p, props["l2_bytes"], target_s)
             dt = me.np_dtype(x_dtype(p.dtype))
             # Seeded per point, batch included: the batches of one shape share W, and an x drawn
             # from W's seed would repeat W's first rows (y[v] = |W_v|^2 overflows float16 at
@@ -630,6 +636,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--all-configs", action="store_true",
                     help="try every config of the layout for every batch")
     ap.add_argument("--replays", type=int, default=REPLAYS, help="timed graph replays per candidate")
+    ap.add_argument("--replay-us", type=float, default=None, metavar="US",
+                    help=f"GPU work per graph replay, in calls of the point ({R_MIN}..{R_MAX} calls; "
+                         f"default {REPLAY_TARGET_S * 1e6:.0f} us, with --quant "
+                         f"{QUANT_REPLAY_TARGET_S * 1e6:.0f} us)")
     ap.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
                     help="start no new point after this long; the table gets the points done "
                          "(with --merge the old entries of the others stay)")
@@ -639,6 +649,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a = ap.parse_args(argv)
     if a.replays < 1:
         ap.error("--replays must be >= 1")
+    if a.replay_us is None:
+        a.replay_us = (REPLAY_TARGET_S if a.quant is None else QUANT_REPLAY_TARGET_S) * 1e6
+    if not a.replay_us > 0:
+        ap.error("--replay-us must be > 0")
     if a.max_w_mib <= 0:
         ap.error("--max-w-mib must be > 0")
     if a.time_limit is not None and a.time_limit <= 0:
@@ -686,7 +700,7 @@ def main(argv: list[str] | None = None) -> int:
         cands.append(c if before is None or before in c else c + [before])
         befores.append(before)
     n_timings = sum(map(len, cands))
-    est = estimate_seconds(points, [len(c) for c in cands], props["l2_bytes"])
+    est = estimate_seconds(points, [len(c) for c in cands], props["l2_bytes"], args.replay_us * 1e-6)
     try:
         out = resolve_out(args.out, arch, device)
         if args.merge and out.exists():
@@ -721,7 +735,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with cp.cuda.Device(args.device):
             records = _tune_points(cp, props, points, cands, befores, progress, args.replays,
-                                   t0 + (args.time_limit or math.inf))
+                                   t0 + (args.time_limit or math.inf), args.replay_us * 1e-6)
     finally:
         progress.close()
     elapsed = time.time() - t0
@@ -735,6 +749,7 @@ def main(argv: list[str] | None = None) -> int:
                  "batches": args.batches,
                  "quick": args.quick, "shapes": args.shapes, "max_w_mib": args.max_w_mib,
                  "all_configs": args.all_configs, "quant": args.quant},
+        "replay_us": args.replay_us, "replays": args.replays,
     }
     if args.raw:
         Path(args.raw).write_text(json.dumps({"run": run, "points": records}, indent=1) + "\n")

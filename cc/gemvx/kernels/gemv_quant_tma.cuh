@@ -57,6 +57,15 @@ struct QuantTmaArgs {  // 64-byte aligned, as CUtensorMap is
 // rounds of the partial C tiles (16 bytes a lane) that warps 1..WT-1 of a tile hand over, 64
 // bytes of zeros, and with zero points (round_sums) the fp32 sum of x over each 64-byte round of
 // W (VPB = values per byte of W).
+// Vectors per block (one mma n-tile).
+constexpr int kQuantTmaNV = 8;
+
+// Whether a launch has a block that sums x over its rounds (Mode kColumnsZ below: group scales,
+// int4 with zero points, a block of one vector: the last block where nvec % kQuantTmaNV == 1).
+constexpr bool quant_tma_round_sums(Scaling sc, int bits, bool zeros, int64_t nvec) {
+  return sc == Scaling::kGroup && bits == 4 && zeros && nvec % kQuantTmaNV == 1;
+}
+
 template <typename T, int CW, int SK, int S, int WT, int VPB>
 constexpr std::size_t quant_tma_smem(int nv, int x_elems, bool round_sums) {
   return std::size_t(CW) * S * 16 * SK + std::size_t(nv) * x_elems * sizeof(T) +
@@ -70,7 +79,7 @@ __global__ void __launch_bounds__(THREADS) gemv_quant_tma(const __grid_constant_
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int CW = THREADS / 32 - 1;  // consumer warps; the last warp produces
   constexpr int TG = CW / WT;           // tiles a block works on at once (WT warps each)
-  constexpr int NV = 8;
+  constexpr int NV = kQuantTmaNV;
   constexpr int WSTAGE = 16 * SK;       // bytes of one stage: SK bytes of 16 rows
   constexpr int ROUNDS = SK / 64;       // quad steps of 64 bytes per stage
   constexpr int VPB = 8 / BITS;         // values per byte of W
