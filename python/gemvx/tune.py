@@ -13,9 +13,10 @@ median over replays. R is about 100 us of work for the dense grid and 400 us for
 (2..32 calls; ``--replay-us``). Longer graphs, closer to the benchmark's, let the first call of a
 replay (no kernel before it to overlap its start with) weigh less: at 8 calls per graph the order
 of two quantised configs flipped against the benchmark's (benchmarks/NOTES.md); the dense grid
-keeps 100 us, which chose as well there, and stays within its time budget. When the R copies together are
-smaller than 4x L2, the graph first reads a 3x L2 buffer (evicting W from L2) and that read's
-own time, measured once, is subtracted: every call reads W from HBM, as in a model's decode step.
+keeps 100 us, which chose as well there, and stays within its time budget. When the R copies
+together are smaller than 4x L2, the graph first reads a 3x L2 buffer (evicting W from L2) and
+that read's own time, measured once, is subtracted: every call reads W from HBM, as in a model's
+decode step.
 
 Which candidates run: batch 1 takes the configs with ``max_vectors == 1``, batches > 1 the
 multi-vector ones (W read once per pass); ``--all-configs`` runs every config of the layout.

@@ -53,10 +53,6 @@ struct QuantTmaArgs {  // 64-byte aligned, as CUtensorMap is
   int32_t x_elems;  // elements of x per vector in shared memory: whole stages covering any split
 };
 
-// Dynamic shared memory of a launch: the rings, nv vectors of x_elems elements, for WT > 1 two
-// rounds of the partial C tiles (16 bytes a lane) that warps 1..WT-1 of a tile hand over, 64
-// bytes of zeros, and with zero points (round_sums) the fp32 sum of x over each 64-byte round of
-// W (VPB = values per byte of W).
 // Vectors per block (one mma n-tile).
 constexpr int kQuantTmaNV = 8;
 
@@ -66,6 +62,10 @@ constexpr bool quant_tma_round_sums(Scaling sc, int bits, bool zeros, int64_t nv
   return sc == Scaling::kGroup && bits == 4 && zeros && nvec % kQuantTmaNV == 1;
 }
 
+// Dynamic shared memory of a launch: the rings, nv vectors of x_elems elements, for WT > 1 two
+// rounds of the partial C tiles (16 bytes a lane) that warps 1..WT-1 of a tile hand over, 64
+// bytes of zeros, and with zero points (round_sums) the fp32 sum of x over each 64-byte round of
+// W (VPB = values per byte of W).
 template <typename T, int CW, int SK, int S, int WT, int VPB>
 constexpr std::size_t quant_tma_smem(int nv, int x_elems, bool round_sums) {
   return std::size_t(CW) * S * 16 * SK + std::size_t(nv) * x_elems * sizeof(T) +
