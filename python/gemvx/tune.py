@@ -424,7 +424,7 @@ class _Timer:
 
 def _tune_points(cp: Any, props: dict, points: list[Point], cands: list[list],
                  befores: list[tuple[int, int] | None], progress: Progress, replays: int,
-                 deadline: float, target_s: float = REPLAY_TARGET_S) -> list[dict]:
+                 deadline: float, target_s: float) -> list[dict]:
     """Check and time every candidate of every point, one record per point, until ``deadline``
     (time.time()) passes: the points not started by then get no record. Points that share W
     (the batches of one shape) reuse its copies."""

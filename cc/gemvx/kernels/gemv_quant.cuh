@@ -187,9 +187,14 @@ __device__ __forceinline__ void int4x8(uint32_t w, uint32_t magic, uint32_t bias
   }
 }
 
-// An int4 zero point at p (its low nibble), or 8 (symmetric) where load is false.
+// An int4 zero point at p (its low nibble), or 8 (symmetric) where load is false: zero_point_bits
+// loads the byte as it is (a load made ahead of its use, masked with 15 when used: 8 & 15 == 8),
+// zero_point masks it at once.
+__device__ __forceinline__ uint32_t zero_point_bits(const uint8_t* p, bool load) {
+  return load ? uint32_t(__ldg(p)) : 8u;
+}
 __device__ __forceinline__ uint32_t zero_point(const uint8_t* p, bool load) {
-  return load ? uint32_t(__ldg(p)) & 15u : 8u;
+  return zero_point_bits(p, load) & 15u;
 }
 
 // The scale dtype of a launch as three bit masks, all ones for the dtype the scales have.
@@ -425,7 +430,7 @@ __global__ void __launch_bounds__(THREADS) gemv_quant(const QuantArgs q) {
         for (int h = 0; h < 2; ++h) {
           ch.s[rt][h] = svalid ? scale_bits(srow[rt][h] + (grp << s_shift), sk) : 0u;
           if constexpr (BITS == 4)
-            ch.zp[rt][h] = svalid && has_zeros ? uint32_t(__ldg(zrow[rt][h] + grp)) : 8u;
+            ch.zp[rt][h] = zero_point_bits(zrow[rt][h] + grp, svalid && has_zeros);
         }
     }
   };

@@ -255,7 +255,7 @@ __global__ void __launch_bounds__(THREADS) gemv_quant_tma(const __grid_constant_
         const bool ok = v < a.K;
         const int64_t grp = group_of(v, ok);
         if constexpr (M == kRounds) m.s[i] = scale_bits(srow + (grp << s_shift), sk);
-        m.zp[i] = has_zeros ? uint32_t(__ldg(zrow + grp)) : 8u;
+        m.zp[i] = zero_point_bits(zrow + grp, has_zeros);
         m.ok |= ok ? 1u << i : 0u;
       }
     }
@@ -269,7 +269,7 @@ __global__ void __launch_bounds__(THREADS) gemv_quant_tma(const __grid_constant_
           const bool ok = c < RW && v < a.K;
           const int64_t grp = group_of(v, ok);
           m.cs[f][e] = scale_bits(S0 + ((rows[e / 2] * q.lds + grp) << s_shift), sk);
-          if constexpr (M == kColumnsZ) m.cz[f][e] = __ldg(Z0 + rows[e / 2] * q.ldz + grp);
+          if constexpr (M == kColumnsZ) m.cz[f][e] = zero_point_bits(Z0 + rows[e / 2] * q.ldz + grp, true);
           m.ok |= ok ? 1u << (16 + 4 * f + e) : 0u;
         }
     }
