@@ -44,6 +44,13 @@ __device__ __forceinline__ void box(uint32_t dst, const CUtensorMap* map, int c0
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
       : "memory");
 }
+// Asks L2 for the box at (c0, c1, c2) of the tensor map (nothing is written anywhere).
+__device__ __forceinline__ void prefetch_box(const CUtensorMap* map, int c0, int c1, int c2) {
+  asm volatile("cp.async.bulk.prefetch.tensor.3d.L2.global [%0, {%1, %2, %3}];" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(c0), "r"(c1), "r"(c2)
+               : "memory");
+}
 }  // namespace tma
 #endif
 
