@@ -551,7 +551,9 @@ struct QuantTma {
     *t = kernels::QuantTmaArgs{};
     t->q = q;
     t->x_elems = int32_t(x_elems);
-    t->prefetch = pdl_enabled() ? 1 : 0;  // the first boxes asked of L2 before the wait
+    // The first boxes asked of L2 before the wait, where the launch overlaps the previous kernel
+    // and K is not split (split K: slower on the H100 and the H200, benchmarks/NOTES.md).
+    t->prefetch = pdl_enabled() && grid.y == 1 ? 1 : 0;
     const cuuint64_t dims[3] = {cuuint64_t(row_bytes / 8), cuuint64_t(a.M), cuuint64_t(a.groups)};
     const cuuint64_t strides[2] = {cuuint64_t(ldw), cuuint64_t(w_group)};
     const cuuint32_t box[3] = {SK / 8, 16, 1}, step[3] = {1, 1, 1};

@@ -51,7 +51,7 @@ struct QuantTmaArgs {  // 64-byte aligned, as CUtensorMap is
   CUtensorMap map;
   QuantArgs q;
   int32_t x_elems;  // elements of x per vector in shared memory: whole stages covering any split
-  int32_t prefetch;  // 1: each consumer warp asks L2 for its first stage before pdl_wait (PDL on)
+  int32_t prefetch;  // 1: each consumer warp asks L2 for its first stage before pdl_wait
 };
 
 // Vectors per block (one mma n-tile).
@@ -119,8 +119,9 @@ __global__ void __launch_bounds__(THREADS) gemv_quant_tma(const __grid_constant_
   auto tile_of = [&](int64_t n, int tg) { return n * per_round + int64_t(tg) * gridDim.x + blockIdx.x; };
   T* xs = reinterpret_cast<T*>(smem + std::size_t(CW) * S * WSTAGE);
 
-  // Where the launch overlaps the previous kernel (PDL), each consumer warp's first box is asked
-  // of L2 before the wait, so the first round trip to DRAM overlaps that kernel's tail. Safe
+  // Where the launch overlaps the previous kernel (PDL) and K is not split (the launcher's
+  // choice), each consumer warp's first box is asked of L2 before the wait, so the first round
+  // trip to DRAM overlaps that kernel's tail. Safe
   // whatever that kernel writes: L2 is the point of coherence, and nothing reaches shared memory
   // before the wait. One box a warp; two cost more than they saved (benchmarks/NOTES.md).
   if (p.prefetch && warp < CW && lane == 0 && nst > warp % WT) {
