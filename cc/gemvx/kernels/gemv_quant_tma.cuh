@@ -121,9 +121,9 @@ __global__ void __launch_bounds__(THREADS) gemv_quant_tma(const __grid_constant_
 
   // Where the launch overlaps the previous kernel (PDL) and K is not split (the launcher's
   // choice), each consumer warp's first box is asked of L2 before the wait, so the first round
-  // trip to DRAM overlaps that kernel's tail. Safe
-  // whatever that kernel writes: L2 is the point of coherence, and nothing reaches shared memory
-  // before the wait. One box a warp; two cost more than they saved (benchmarks/NOTES.md).
+  // trip to DRAM overlaps that kernel's tail. Safe whatever that kernel writes: L2 is the point
+  // of coherence, and nothing reaches shared memory before the wait. One box a warp; two cost
+  // more than they saved (benchmarks/NOTES.md).
   if (p.prefetch && warp < CW && lane == 0 && nst > warp % WT) {
     const int64_t tile = tile_of(0, warp / WT);
     if (tile < tiles) tma::prefetch_box(&p.map, int(k0 / 8) + (warp % WT) * (SK / 8), int(tile * 16), int(g));
