@@ -371,18 +371,19 @@ struct TransposedTma {
     t->a = a;
     const cuuint32_t step[3] = {1, 1, 1};
     auto map = [&](CUtensorMap* m, const void* base, cuuint64_t d0, cuuint64_t d1, cuuint64_t d2,
-                   int64_t s1, int64_t s2, cuuint32_t b0, cuuint32_t b1) {
+                   int64_t s1, int64_t s2, cuuint32_t b0, cuuint32_t b1, CUtensorMapL2promotion pr) {
       const cuuint64_t dims[3] = {d0, d1, d2};
       const cuuint64_t strides[2] = {cuuint64_t(s1), cuuint64_t(s2)};
       const cuuint32_t box[3] = {b0, b1, 1};
       return encode(m, CU_TENSOR_MAP_DATA_TYPE_UINT16, 3, const_cast<void*>(base), dims, strides, box, step,
                     CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                    CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+                    pr, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
     };
+    // W in 128-byte L2 promotions (read with evict_first: 256 ran up to 5% slower; benchmarks/NOTES.md)
     return map(&t->wmap, a.W, cuuint64_t(a.M), cuuint64_t(a.K), cuuint64_t(a.groups), ldw, w_group, 64,
-               kernels::kTmaTRows) &&
+               kernels::kTmaTRows, CU_TENSOR_MAP_L2_PROMOTION_L2_128B) &&
            map(&t->xmap, a.x, cuuint64_t(a.K), cuuint64_t(a.nvec), cuuint64_t(a.groups), x_vec, x_group,
-               kernels::kTmaTRows, 16);
+               kernels::kTmaTRows, 16, CU_TENSOR_MAP_L2_PROMOTION_L2_256B);
   }
   template <typename T, bool VEC>
   static void launch(dim3 grid, cudaStream_t s, const Args& a) {
@@ -557,8 +558,10 @@ struct QuantTma {
     const cuuint64_t dims[3] = {cuuint64_t(row_bytes / 8), cuuint64_t(a.M), cuuint64_t(a.groups)};
     const cuuint64_t strides[2] = {cuuint64_t(ldw), cuuint64_t(w_group)};
     const cuuint32_t box[3] = {SK / 8, 16, 1}, step[3] = {1, 1, 1};
+    // 128-byte L2 promotions: with evict_first (kernels/tma.cuh), 256 ran up to 6% slower
+    // (benchmarks/NOTES.md).
     if (encode(&t->map, CU_TENSOR_MAP_DATA_TYPE_UINT64, 3, const_cast<void*>(a.W), dims, strides, box, step,
-               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
       return false;
     // As many blocks as run at once over the (split, group, vector-chunk) slices, and no more

@@ -161,6 +161,7 @@ __global__ void __launch_bounds__(THREADS) gemv_quant_tma(const __grid_constant_
                     uint32_t(min(16384, xlen - o) * sizeof(T)), xb);
       const int c0 = int(k0 / 8);
       const int steps = ns(0);  // the most stages any warp of a tile takes
+      const uint64_t policy = tma::policy_evict_first();
       uint32_t ring0 = tma::addr(smem), full0 = tma::addr(&full[0][0]), empty0 = tma::addr(&empty[0][0]);
       // opaque: held in registers, not recomputed (S2UR of the CTA's shared window) for every box
       asm("" : "+r"(ring0), "+r"(full0), "+r"(empty0));
@@ -187,7 +188,7 @@ __global__ void __launch_bounds__(THREADS) gemv_quant_tma(const __grid_constant_
               const int at = w * S + slot[part];
               if (parity[part] != 2u) tma::wait(empty0 + 8 * at, parity[part]);
               tma::expect(full0 + 8 * at, WSTAGE);
-              tma::box(ring0 + at * WSTAGE, &p.map, c0 + k * (SK / 8), int(tile * 16), int(g), full0 + 8 * at);
+              tma::box_hint(ring0 + at * WSTAGE, &p.map, c0 + k * (SK / 8), int(tile * 16), int(g), full0 + 8 * at, policy);
             }
           }
         }

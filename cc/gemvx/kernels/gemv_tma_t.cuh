@@ -88,6 +88,7 @@ __global__ void __launch_bounds__(THREADS, 1) gemv_tma_t(const __grid_constant__
 
   if (warp == CW) {
     if (lane == 0) {
+      const uint64_t policy = tma::policy_evict_first();  // for W; x stays as it is
       for (int64_t st = 0; st < steps; ++st) {
         const int s = int(st % S);
         const int64_t use = st / S;
@@ -97,7 +98,7 @@ __global__ void __launch_bounds__(THREADS, 1) gemv_tma_t(const __grid_constant__
         tma::expect(bar, STAGE);
 #pragma unroll
         for (int b = 0; b < BN / 64; ++b)
-          tma::box(dst + b * BOX, &p.wmap, int(col0) + 64 * b, k0, int(g), bar);
+          tma::box_hint(dst + b * BOX, &p.wmap, int(col0) + 64 * b, k0, int(g), bar, policy);
         tma::box(dst + W_BYTES, &p.xmap, k0, int(v0), int(g), bar);
       }
     }
