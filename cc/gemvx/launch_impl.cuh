@@ -379,7 +379,7 @@ struct TransposedTma {
                     CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                     pr, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
     };
-    // W in 128-byte L2 promotions (read with evict_first: 256 ran up to 5% slower; benchmarks/NOTES.md)
+    // W in 128-byte L2 promotions (read with evict_first: 256 ran up to 6% slower; benchmarks/NOTES.md)
     return map(&t->wmap, a.W, cuuint64_t(a.M), cuuint64_t(a.K), cuuint64_t(a.groups), ldw, w_group, 64,
                kernels::kTmaTRows, CU_TENSOR_MAP_L2_PROMOTION_L2_128B) &&
            map(&t->xmap, a.x, cuuint64_t(a.K), cuuint64_t(a.nvec), cuuint64_t(a.groups), x_vec, x_group,

@@ -188,7 +188,8 @@ __global__ void __launch_bounds__(THREADS) gemv_quant_tma(const __grid_constant_
               const int at = w * S + slot[part];
               if (parity[part] != 2u) tma::wait(empty0 + 8 * at, parity[part]);
               tma::expect(full0 + 8 * at, WSTAGE);
-              tma::box_hint(ring0 + at * WSTAGE, &p.map, c0 + k * (SK / 8), int(tile * 16), int(g), full0 + 8 * at, policy);
+              tma::box_hint(ring0 + at * WSTAGE, &p.map, c0 + k * (SK / 8), int(tile * 16), int(g), full0 + 8 * at,
+                            policy);
             }
           }
         }
