@@ -79,7 +79,7 @@ __global__ void __launch_bounds__(THREADS) gemv_tile_t(const Args a) {
     for (int n = 0; n < W_COPIES; ++n) {
       const int r = r0 + n * RSTEP;
       const bool ok = k0 + r < k_end && w_bytes > 0;
-      cp_async16(dst + r * BMC + (cc ^ (r % 8)), ok ? w0 + (k0 + r) * a.ldw : W, ok ? w_bytes : 0);
+      cp_async16_w(dst + r * BMC + (cc ^ (r % 8)), ok ? w0 + (k0 + r) * a.ldw : W, ok ? w_bytes : 0);
     }
 #pragma unroll
     for (int n = 0; n < X_COPIES; ++n) {
