@@ -16,7 +16,7 @@ Method (the same as benchmarks/bench.py, whose timing and checking helpers are i
 implementation is first checked on copy 0 against a float64 reference (output poisoned with NaN
 before), then R calls are captured into a CUDA graph and replayed; per-call time = replay time / R,
 median of the replays. Operands are rotated among n copies so that each format's working set is
->= 4x L2 (every call reads its W from HBM). Quantised codes are random over their whole range.
+>= bench.py's L2_FACTOR (32) x L2 (every call reads its W from HBM). Quantised codes are random over their whole range.
 Bytes per call count what a call must read and write: W (packed codes + scales + zero points) +
 x + y. GB/s = 1e9 B/s; %ceil = GB/s over the read ceiling measured by bench.py's stream-read
 kernel; speed-up = fp16 gemvx time (and cuBLAS time) over the row's time.
@@ -39,6 +39,9 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench import (  # noqa: E402  (measurement helpers shared with the dense benchmark)
+    L2_FACTOR,
+    MAX_COPIES,
+    MAX_SET_BYTES,
     _free_pools,
     _me,
     _short,
@@ -56,9 +59,6 @@ DEFAULT_SHAPES = [(4096, 4096), (8192, 8192), (14336, 4096), (4096, 14336), (286
 QUICK_SHAPES = [(4096, 4096), (28672, 8192), (128256, 4096)]
 DEFAULT_FORMATS = ["int8c", "int4g128", "int4g128z"]
 TOL = {"float16": 5e-3, "bfloat16": 3e-2}
-L2_FACTOR = 4
-MAX_COPIES = 256
-MAX_SET_BYTES = 8 << 30
 CONFIG_SPLITS = (1, 2, 4, 8, 16)
 
 

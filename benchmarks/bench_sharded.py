@@ -12,8 +12,9 @@ the compiled program is checked to contain no collective before anything is time
 is the same jitted call on one GPU.
 
 Method (DESIGN.md section 6):
-  * Working set: n copies of W such that each device's share of them is >= 4x L2 (n >= 2), and a
-    distinct x for every call; call i uses copy i % n, so W comes from HBM on every call.
+  * Working set: n copies of W such that each device's share of them is >= 32x L2 (bench.py's
+    L2_FACTOR; n >= 2), and a distinct x for every call; call i uses copy i % n, so W comes from
+    HBM on every call.
   * One jitted program makes R independent calls, each call's operands behind an
     optimization_barrier (so XLA neither merges the calls nor reuses a result).
   * wall: host wall time of the R-call and of the 2R-call program (--runs samples each,

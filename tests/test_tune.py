@@ -208,16 +208,17 @@ def test_quant_call_bytes() -> None:
 
 
 def test_default_grid_fits_the_time_budget() -> None:
-    """A full tune of the default grid on an H200 must take about 17 minutes at most (by the
+    """A full tune of the default grid on an H200 must take about 19 minutes at most (by the
     cost model, calibrated against real runs: a GPU run prints its real time beside the
     estimate), so a config added to the list shows up here as time. (15 minutes until the
     TransposedTma configs, whose 1.04 same-run gain on layout T batches 4 and 16 was taken for
-    about 1.5 more minutes; config 99, for fp32 layout T at short K, about 0.5 minute.)"""
+    about 1.5 more minutes; config 99, for fp32 layout T at short K, about 0.5 minute; the L2
+    flush for every point whose copies stay below 32x L2, not 4x, about 1.5 minutes.)"""
     pts = tune.grid()
     n = [len(tune.candidates(p)) for p in pts]
     est = tune.estimate_seconds(pts, n, 60 << 20)
     assert sum(n) > 10 * len(pts)  # every point times many candidates
-    assert est < 18 * 60, (sum(n), est)
+    assert est < 20 * 60, (sum(n), est)
     # the model charges 1.2 ms of host time or more per timing
     assert est > sum(n) * 1.2e-3
 
@@ -445,7 +446,7 @@ def test_tune_small_grid(dirs: tuple[Path, Path], tmp_path: Path, capsys: pytest
     every candidate passes its check, the table lands where gemvx looks and gemvx then runs
     the tuned choices."""
     argv = ["--dtypes", "float16", "--layouts", "N,T", "--batches", "1,4",
-            "--shapes", "257x1031,8192x8192"]
+            "--shapes", "257x1031,128256x4096"]  # the second: two copies past 32x L2, no flush
     props, arch, path, entries, records = _tune_on_gpu(dirs[0], tmp_path, capsys, argv)
     assert len(entries) == 8
     assert {r["flush"] for r in records} == {True, False}

@@ -14,9 +14,10 @@ median over replays. R is about 100 us of work for the dense grid and 400 us for
 replay (no kernel before it to overlap its start with) weigh less: at 8 calls per graph the order
 of two quantised configs flipped against the benchmark's (benchmarks/NOTES.md); the dense grid
 keeps 100 us, which chose as well there, and stays within its time budget. When the R copies
-together are smaller than 4x L2, the graph first reads a 3x L2 buffer (evicting W from L2) and
+together are smaller than 32x L2, the graph first reads a 3x L2 buffer (evicting W from L2) and
 that read's own time, measured once, is subtracted: every call reads W from HBM, as in a model's
-decode step.
+decode step. (32x, as the benchmarks rotate: W read with an L2 evict-first policy can still be
+partly in L2 when a rotation of 4x L2 comes back to it; benchmarks/NOTES.md.)
 
 Which candidates run: batch 1 takes the configs with ``max_vectors == 1``, batches > 1 the
 multi-vector ones (W read once per pass); ``--all-configs`` runs every config of the layout.
@@ -74,7 +75,7 @@ TIE = 0.01                     # within 1% of the fastest, fewer splits win
 REPLAY_TARGET_S = 100e-6       # work per graph replay (--replay-us): the dense grid
 QUANT_REPLAY_TARGET_S = 400e-6  # and --quant
 R_MIN, R_MAX = 2, 32           # calls (= rotated copies) per graph
-ROTATE_L2 = 4                  # copies below ROTATE_L2 x L2 get an L2 flush ahead of each replay
+ROTATE_L2 = 32                 # copies below ROTATE_L2 x L2 get an L2 flush ahead of each replay
 FLUSH_L2 = 3                   # the flush reads FLUSH_L2 x L2 bytes
 REPLAYS = 7                    # timed replays per (config, splits), after one warm-up replay
 
