@@ -53,9 +53,10 @@ __device__ __forceinline__ void box_hint(uint32_t dst, const CUtensorMap* map, i
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar), "l"(policy)
       : "memory");
 }
-// The policy for W, which is read once: its lines are the first L2 evicts. With it (and L2
-// promotion of 128 bytes in the tensor maps, launch_impl.cuh) the TMA kernels ran up to 15% faster
-// on an H200 (benchmarks/NOTES.md).
+// The policy for W, which is read once: its lines are the first L2 evicts. Measured with copies
+// rotated past 32x L2: TransposedTma 0.2-3.7% faster with it (H200, H100), QuantTma within 2%
+// either way. (Across only 4x L2 it kept part of W in L2 and looked up to 15% faster;
+// benchmarks/NOTES.md.)
 __device__ __forceinline__ uint64_t policy_evict_first() {
   uint64_t p;
   asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
