@@ -16,7 +16,8 @@ Method (the same as benchmarks/bench.py, whose timing and checking helpers are i
 implementation is first checked on copy 0 against a float64 reference (output poisoned with NaN
 before), then R calls are captured into a CUDA graph and replayed; per-call time = replay time / R,
 median of the replays. Operands are rotated among n copies so that each format's working set is
->= bench.py's L2_FACTOR (32) x L2 (every call reads its W from HBM). Quantised codes are random over their whole range.
+>= bench.py's L2_FACTOR (32) x L2 (every call reads its W from HBM). Quantised codes are random
+over their whole range.
 Bytes per call count what a call must read and write: W (packed codes + scales + zero points) +
 x + y. GB/s = 1e9 B/s; %ceil = GB/s over the read ceiling measured by bench.py's stream-read
 kernel; speed-up = fp16 gemvx time (and cuBLAS time) over the row's time.
