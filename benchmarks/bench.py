@@ -715,14 +715,19 @@ def measure_ceiling(cp, nbytes: int, sm_count: int, runs: int) -> dict:
 # Operands and checks
 # =============================================================================================
 
+def copies_past_l2(per: int, w_bytes: int, l2_bytes: int, free_bytes: int) -> int:
+    """Copies of per bytes (W of them w_bytes) that together pass L2_FACTOR x L2: 2 when W alone
+    does; at most MAX_COPIES and MAX_SET_BYTES (and 40% of free memory) in all; at least 2."""
+    cap = min(MAX_SET_BYTES, int(free_bytes * 0.4))
+    n = 2 if w_bytes >= L2_FACTOR * l2_bytes else math.ceil(L2_FACTOR * l2_bytes / max(per, 1))
+    return max(2, min(n, MAX_COPIES, cap // per if per else MAX_COPIES))
+
+
 def plan_copies(M: int, K: int, batch: int, itemsize: int, l2_bytes: int, free_bytes: int) -> tuple[int, int]:
     """(number of rotated copies, bytes of one copy of W + x + y)."""
     w_bytes = M * K * itemsize
     per = w_bytes + batch * (M + K) * itemsize
-    cap = min(MAX_SET_BYTES, int(free_bytes * 0.4))
-    n = 2 if w_bytes >= L2_FACTOR * l2_bytes else math.ceil(L2_FACTOR * l2_bytes / per)
-    n = max(2, min(n, MAX_COPIES, cap // per if per else MAX_COPIES))
-    return n, per
+    return copies_past_l2(per, w_bytes, l2_bytes, free_bytes), per
 
 
 def _est_call_s(call_bytes: int) -> float:

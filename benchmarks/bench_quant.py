@@ -40,9 +40,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench import (  # noqa: E402  (measurement helpers shared with the dense benchmark)
-    L2_FACTOR,
-    MAX_COPIES,
-    MAX_SET_BYTES,
+    copies_past_l2,
     _free_pools,
     _me,
     _short,
@@ -91,9 +89,7 @@ def random_quantized(cp: Any, fmt: tuple[int, int | None, bool], M: int, K: int,
 
 
 def copies_for(bytes_one: int, l2: int, free: int) -> int:
-    n = 2 if bytes_one >= L2_FACTOR * l2 else math.ceil(L2_FACTOR * l2 / max(bytes_one, 1))
-    cap = min(MAX_SET_BYTES, int(free * 0.4)) // max(bytes_one, 1)
-    return max(2, min(n, MAX_COPIES, cap))
+    return copies_past_l2(bytes_one, bytes_one, l2, free)
 
 
 def reps_for(n: int, call_bytes: int, quick: bool) -> int:
