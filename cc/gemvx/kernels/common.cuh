@@ -135,6 +135,17 @@ __device__ __forceinline__ void pdl_trigger() {
 #endif
 }
 
+// An L2 cache policy whose lines L2 evicts first, for W, which is read once (sm_80 and newer; the
+// `.L2::cache_hint` copies of gemv_tile.cuh and tma.cuh take it). Measured with copies rotated
+// past 32x L2: the tile kernels and TransposedTma 0.2-3.7% faster with it (H200, H100), QuantTma
+// within 2% either way. (Across only 4x L2 it kept part of W in L2 and looked up to 15% faster;
+// benchmarks/NOTES.md.)
+__device__ __forceinline__ uint64_t l2_evict_first() {
+  uint64_t p;
+  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+  return p;
+}
+
 // Sum across groups of WIDTH consecutive lanes (WIDTH a power of two <= 32); every lane of the
 // group receives the total.
 template <int WIDTH>

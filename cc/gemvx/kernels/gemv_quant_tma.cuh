@@ -161,7 +161,7 @@ __global__ void __launch_bounds__(THREADS) gemv_quant_tma(const __grid_constant_
                     uint32_t(min(16384, xlen - o) * sizeof(T)), xb);
       const int c0 = int(k0 / 8);
       const int steps = ns(0);  // the most stages any warp of a tile takes
-      const uint64_t policy = tma::policy_evict_first();
+      const uint64_t policy = l2_evict_first();
       uint32_t ring0 = tma::addr(smem), full0 = tma::addr(&full[0][0]), empty0 = tma::addr(&empty[0][0]);
       // opaque: held in registers, not recomputed (S2UR of the CTA's shared window) for every box
       asm("" : "+r"(ring0), "+r"(full0), "+r"(empty0));

@@ -32,12 +32,12 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* src, int src_
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(src_bytes)
                : "memory");
 }
-// As cp_async16, for W, which is read once: with an L2 evict-first policy (the tile kernels 0.7-2.4%
-// faster on an H200, 0.6-1.7% on an H100, copies rotated past 32x L2; benchmarks/NOTES.md).
+// As cp_async16, for W, which is read once: with the L2 evict-first policy (l2_evict_first; the
+// tile kernels 0.7-2.4% faster on an H200, 0.6-1.7% on an H100, copies rotated past 32x L2;
+// benchmarks/NOTES.md).
 __device__ __forceinline__ void cp_async16_w(void* smem, const void* src, int src_bytes) {
   const unsigned d = unsigned(__cvta_generic_to_shared(smem));
-  uint64_t pol;
-  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+  const uint64_t pol = l2_evict_first();
   asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;" ::"r"(d), "l"(src), "r"(src_bytes),
                "l"(pol)
                : "memory");

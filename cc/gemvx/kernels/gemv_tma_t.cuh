@@ -88,7 +88,7 @@ __global__ void __launch_bounds__(THREADS, 1) gemv_tma_t(const __grid_constant__
 
   if (warp == CW) {
     if (lane == 0) {
-      const uint64_t policy = tma::policy_evict_first();  // for W; x stays as it is
+      const uint64_t policy = l2_evict_first();  // for W; x stays as it is
       for (int64_t st = 0; st < steps; ++st) {
         const int s = int(st % S);
         const int64_t use = st / S;

@@ -44,7 +44,7 @@ __device__ __forceinline__ void box(uint32_t dst, const CUtensorMap* map, int c0
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
       : "memory");
 }
-// As box, with an L2 eviction policy (policy_evict_first).
+// As box, with an L2 eviction policy (l2_evict_first, common.cuh).
 __device__ __forceinline__ void box_hint(uint32_t dst, const CUtensorMap* map, int c0, int c1, int c2, uint32_t bar,
                                          uint64_t policy) {
   asm volatile(
@@ -52,15 +52,6 @@ __device__ __forceinline__ void box_hint(uint32_t dst, const CUtensorMap* map, i
       "[%1, {%2, %3, %4}], [%5], %6;" ::"r"(dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar), "l"(policy)
       : "memory");
-}
-// The policy for W, which is read once: its lines are the first L2 evicts. Measured with copies
-// rotated past 32x L2: TransposedTma 0.2-3.7% faster with it (H200, H100), QuantTma within 2%
-// either way. (Across only 4x L2 it kept part of W in L2 and looked up to 15% faster;
-// benchmarks/NOTES.md.)
-__device__ __forceinline__ uint64_t policy_evict_first() {
-  uint64_t p;
-  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
-  return p;
 }
 // Asks L2 for the box at (c0, c1, c2) of the tensor map (nothing is written anywhere).
 __device__ __forceinline__ void prefetch_box(const CUtensorMap* map, int c0, int c1, int c2) {
