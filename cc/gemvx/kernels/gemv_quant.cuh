@@ -114,6 +114,8 @@ struct QuantMath<__half> : PairOps<__half2> {
     lo = 0x64006400u + zp * 0x00010001u;  // 1024 + z (ulp 1), in both halves (no carry: z < 16)
     hi = 0xD400D400u + zp * 0x00100010u;  // -(64 + z) (ulp 1/16 in [64, 128))
   }
+  // int4x8_offset's pairs are 1024 + 16 q: kOffsetScale (1024 + 16 q) - kOffsetBase = q.
+  static constexpr float kOffsetScale = 1.0f / 16.0f, kOffsetBase = 64.0f;
   // Four signed bytes -> two pairs (k0, k1), (k2, k3), exact.
   static __device__ __forceinline__ void int8x4(uint32_t w, uint32_t (&p)[2]) {
     const uint32_t u = w ^ 0x80808080u;  // b + 128, as unsigned bytes
@@ -138,6 +140,8 @@ struct QuantMath<__nv_bfloat16> : PairOps<__nv_bfloat162> {
     lo = 0x43004300u + zp * 0x00010001u;  // 128 + z (ulp 1), in both halves
     hi = 0u;
   }
+  // int4x8_offset's pairs are 128 + 8 q: kOffsetScale (128 + 8 q) - kOffsetBase = q.
+  static constexpr float kOffsetScale = 1.0f / 8.0f, kOffsetBase = 16.0f;
   static __device__ __forceinline__ void int8x4(uint32_t w, uint32_t (&p)[2]) {
     const uint32_t u = w ^ 0x80808080u;
     float f[4];
@@ -184,6 +188,28 @@ __device__ __forceinline__ void int4x8(uint32_t w, uint32_t magic, uint32_t bias
     // bf16 has 7: 16 q would reach the exponent, so every nibble is shifted down to bits 0..3.
 #pragma unroll
     for (int j = 0; j < 4; ++j) e[j] = Q::sub(and_or<0x000F000Fu>(w >> (4 * j), magic), bias_lo);
+  }
+}
+
+// The same word as four pairs of codes still offset, with no arithmetic: fp16 1024 + 16 q (each
+// nibble moved to bits 4..7 of its half), bf16 128 + 8 q (bits 3..6), exact, in int4x8's order.
+// Through the mmas, sum (q - z) x = kOffsetScale sum pair x - (kOffsetBase + z) sum x, which the
+// caller applies in fp32 to a sum over few k (a 64-byte round). The offset, 64 + z code units
+// (fp16; bf16 16 + z), is what costs bits of the fp32 sum; 1024 + q, the other place for the
+// nibble, would put it at 1024 + z. Three shifts (bf16 four) and four LOP3s a word, against
+// int4x8's one shift, four LOP3s and four half-pair adds (bf16 three, four and four).
+template <typename T>
+__device__ __forceinline__ void int4x8_offset(uint32_t w, uint32_t magic, uint32_t (&e)[4]) {
+  if constexpr (std::is_same_v<T, __half>) {
+    e[0] = and_or<0x00F000F0u>(w << 4, magic);
+    e[1] = and_or<0x00F000F0u>(w, magic);
+    e[2] = and_or<0x00F000F0u>(w >> 4, magic);
+    e[3] = and_or<0x00F000F0u>(w >> 8, magic);
+  } else {
+    e[0] = and_or<0x00780078u>(w << 3, magic);
+    e[1] = and_or<0x00780078u>(w >> 1, magic);
+    e[2] = and_or<0x00780078u>(w >> 5, magic);
+    e[3] = and_or<0x00780078u>(w >> 9, magic);
   }
 }
 
@@ -275,6 +301,17 @@ __device__ __forceinline__ void dequant_word(uint32_t wl, uint32_t wh, uint32_t 
   } else {
     QuantMath<T>::int8x4(wl, lo);
     QuantMath<T>::int8x4(wh, hi);
+  }
+}
+
+// dequant_word with int4's codes still offset (int4x8_offset); int4 only.
+template <typename T, int BITS>
+__device__ __forceinline__ void dequant_word_offset(uint32_t wl, uint32_t wh, uint32_t magic,
+                                                    uint32_t (&lo)[BITS == 4 ? 4 : 2],
+                                                    uint32_t (&hi)[BITS == 4 ? 4 : 2]) {
+  if constexpr (BITS == 4) {
+    int4x8_offset<T>(wl, magic, lo);
+    int4x8_offset<T>(wh, magic, hi);
   }
 }
 

@@ -26,8 +26,9 @@
 // tile's sum at the end (kRow). Group scales (kGroup: a group spans whole rounds) are loaded one
 // stage ahead and applied in fp32 to sums of whole rounds, in one of two ways (Mode below): with
 // one vector, round r of every 8 writes only C column r (the other columns' B fragments read
-// zeros), so one FFMA per accumulator scales 8 rounds, and zero points enter as (8 - z) times
-// the round's x sum on the integers q - 8; with more vectors each round's own tile is scaled. A
+// zeros), so one FFMA per accumulator scales 8 rounds, and int4 with zero points takes its codes
+// into the mmas still offset (no dequantisation arithmetic), taking the offset and the zero
+// points out in fp32 with the round's x sum; with more vectors each round's own tile is scaled. A
 // lane's B column is vector g of the block's (vector 0 again where g >= nv; those columns are
 // not stored).
 //
@@ -65,8 +66,8 @@ constexpr bool quant_tma_round_sums(Scaling sc, int bits, bool zeros, int64_t nv
 
 // Dynamic shared memory of a launch: the rings, nv vectors of x_elems elements, for WT > 1 two
 // rounds of the partial C tiles (16 bytes a lane) that warps 1..WT-1 of a tile hand over, 64
-// bytes of zeros, and with zero points (round_sums) the fp32 sum of x over each 64-byte round of
-// W (VPB = values per byte of W).
+// bytes of zeros, and with round_sums the fp32 sum of x over each 64-byte round of W (VPB =
+// values per byte of W).
 template <typename T, int CW, int SK, int S, int WT, int VPB>
 constexpr std::size_t quant_tma_smem(int nv, int x_elems, bool round_sums) {
   return std::size_t(CW) * S * 16 * SK + std::size_t(nv) * x_elems * sizeof(T) +
@@ -218,15 +219,18 @@ __global__ void __launch_bounds__(THREADS) gemv_quant_tma(const __grid_constant_
   //     lanes' B fragments read zeros instead of x), so after RW rounds column c of the tile holds
   //     the sum of round c alone; lane t scales its columns 2t, 2t + 1 by their rounds' scales
   //     (fp32, one FFMA per accumulator per flush) and the quad adds its columns at the end.
-  //     With zero points (kColumnsZ) the mmas take q - 8 as without them, and each column adds
-  //     (8 - z) times its round's sum of x (fp32, summed once per block) before it is scaled:
-  //     sum (q - z) x = sum (q - 8) x + (8 - z) sum x. Where the block's x holds a NaN or an
-  //     infinity that sum would turn a weight's +-inf into NaN, so such blocks take kColumnsZx:
-  //     the rounds' own zero points bias the dequantisation, as in kRounds.
+  //     With zero points (kColumnsZ, int4) the codes go into the mmas still offset
+  //     (int4x8_offset: no half-pair arithmetic), and each column, before it is scaled, becomes
+  //     kOffsetScale times its sum less (kOffsetBase + z) times its round's sum of x (fp32,
+  //     summed once per block), z the round's zero point, loaded beside its scale. Where the
+  //     block's x holds a NaN or an infinity, those sums would turn a weight's +-inf into NaN,
+  //     so such blocks take kColumnsZx: exact integers q - z into the mmas, the rounds' own zero
+  //     points biasing the dequantisation as in kRounds. (Symmetric int4 keeps q - 8 exact: the
+  //     x sums ahead of the first stage cost it more than the arithmetic they save.)
   //   kRounds (several vectors, whose columns the tile needs): each round's own tile is scaled.
-  // The mmas take exact integers. Zero points of kRounds and kColumnsZx, and the kRounds scales,
-  // of a stage's (round rd, row h) are entry j = 2 rd + h, held by lane j % 4 of the quad as its
-  // entry j / 4 and shuffled when used; kColumns* scales and kColumnsZ zero points are the lane's
+  // The mmas take exact integers (but kColumnsZ's). Zero points of kRounds and kColumnsZx, and
+  // the kRounds scales, of a stage's (round rd, row h) are entry j = 2 rd + h, held by lane j % 4
+  // of the quad as its entry j / 4 and shuffled when used; kColumns* scales and kColumnsZ zero points are the lane's
   // own (flush f, entry e: row g + 8 (e / 2), round f RW + 2t + e % 2). All are loaded one
   // stage ahead as raw bits (Raw: ok has bit i for entry i of s / zp, bit 16 + 4 f + e for entry
   // (f, e) of cs / cz, set where the entry is in use) and decoded into Meta when their stage
@@ -320,8 +324,9 @@ __global__ void __launch_bounds__(THREADS) gemv_quant_tma(const __grid_constant_
   auto chain = [](int i, int h) { return BITS == 4 ? 2 * (i % 2) + h : i; };
   // The mmas of round rd of stage slot st into the chains c: this lane's chunk of rows g and
   // g + 8, dequantised with the biases blo / bhi, against x (this lane's pieces) at xr.
+  // offset: int4's codes as int4x8_offset gives them (blo, bhi unused).
   auto round_mmas = [&](const uint8_t* st, const T* xr, int rd, const uint32_t (&blo)[2],
-                        const uint32_t (&bhi)[2], float (&c)[4][4]) {
+                        const uint32_t (&bhi)[2], float (&c)[4][4], auto offset) {
     const int kb = rd * 64 + t * 16;
     uint32_t xw[4 * XQ];
 #pragma unroll
@@ -345,7 +350,11 @@ __global__ void __launch_bounds__(THREADS) gemv_quant_tma(const __grid_constant_
 #pragma unroll
     for (int i = 0; i < 4; ++i) {  // word i of the chunk
       uint32_t lo[MMAS / 2], hi[MMAS / 2];
-      dequant_word<T, BITS>(word_of(w0, i), word_of(w1, i), magic, blo, bhi, lo, hi);
+      if constexpr (decltype(offset)::value) {
+        dequant_word_offset<T, BITS>(word_of(w0, i), word_of(w1, i), magic, lo, hi);
+      } else {
+        dequant_word<T, BITS>(word_of(w0, i), word_of(w1, i), magic, blo, bhi, lo, hi);
+      }
       word_mmas<T, BITS>(c[chain(i, 0)], c[chain(i, 1)], lo, hi, b, i);
     }
   };
@@ -355,13 +364,49 @@ __global__ void __launch_bounds__(THREADS) gemv_quant_tma(const __grid_constant_
   auto consume = [&](auto mode, bool x_done) {
     constexpr Mode M = decltype(mode)::value;
     constexpr bool kGrouped = M != kRowEnd;
+    constexpr bool kOffset = BITS == 4 && M == kColumnsZ;  // codes offset, x's round sums
+    constexpr auto offset = std::bool_constant<kOffset>{};
+    constexpr auto exact = std::false_type{};
     [[maybe_unused]] Raw cur{}, nxt{};  // this stage's metadata as loaded, and the next one's
     [[maybe_unused]] Meta cm;           // this stage's, decoded
     if constexpr (kGrouped)
       if (nsp > 0 && tile_of(0, tg) < tiles) fetch_meta(mode, cur, tile_of(0, tg), part);
     if (!x_done) {
       tma::wait(tma::addr(&x_ready), 0);
-      if constexpr (BITS == 4) {
+      if constexpr (kOffset) {
+        // x into the k order of the B fragments as below, and in the same pass summed over each
+        // 64-byte round of W: a round is 16 pieces of 8 values, taken by 16 lanes of one warp
+        // (the pieces of x, x_elems / 8, are whole warps' worth: x_elems covers whole stages),
+        // each adding its piece in fp32, then across the 16 in a fixed order; and whether any
+        // sum is not finite. Unrolled: the pieces' shuffle chains overlap (they sit between x's
+        // arrival and the first stage).
+        uint32_t bad = 0u;
+#pragma unroll 4
+        for (int i = threadIdx.x; i < p.x_elems / 8; i += CW * 32) {
+          uint4* q8 = reinterpret_cast<uint4*>(xs) + i;
+          const uint4 v = *q8;
+          *q8 = int4_pair_order(v.x, v.y, v.z, v.w);
+          float sum = 0.0f;
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const uint32_t w = word_of(v, e);
+            sum += float(Q::pair(w).x) + float(Q::pair(w).y);
+          }
+#pragma unroll
+          for (int o = 1; o < 16; o *= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+          if (lane % 16 == 0) {
+            xsum[i / 16] = sum;
+            bad |= isfinite(sum) ? 0u : 1u;
+          }
+        }
+        uint32_t any;  // the consumer warps only, or-reducing `bad` on the way
+        asm volatile("{\n .reg .pred p, q;\n setp.ne.u32 p, %1, 0;\n bar.red.or.pred q, 1, %2, p;\n"
+                     " selp.u32 %0, 1, 0, q;\n}"
+                     : "=r"(any)
+                     : "r"(bad), "n"(CW * 32)
+                     : "memory");
+        if (any) return false;
+      } else if constexpr (BITS == 4) {
         // int4: x in shared memory goes into the k order of the B fragments once (each 8 values
         // k = 0..7 as (0, 4), (1, 5), (2, 6), (3, 7)), so the rounds load the fragments directly.
         for (int i = threadIdx.x; i < nv * p.x_elems / 8; i += CW * 32) {
@@ -371,40 +416,6 @@ __global__ void __launch_bounds__(THREADS) gemv_quant_tma(const __grid_constant_
         }
         asm volatile("bar.sync 1, %0;" ::"n"(CW * 32) : "memory");  // the consumer warps only
       }
-    }
-    if constexpr (M == kColumnsZ) {
-      // x summed over each 64-byte round of W by 8 lanes (VPB 16-byte pieces each, then added
-      // across the 8 in a fixed order), and whether any sum is not finite
-      uint32_t bad = 0u;
-      const int nr = p.x_elems / (64 * VPB);  // rounds of W in x's span
-      for (int base = warp * 32; base < nr * 8; base += CW * 32) {  // whole warps: the shuffles
-        const int r = (base + lane) / 8;
-        float sum = 0.0f;
-        if (r < nr) {
-#pragma unroll
-          for (int i = 0; i < VPB; ++i) {
-            const uint4 x4 = *reinterpret_cast<const uint4*>(xs + r * 64 * VPB + ((lane % 8) * VPB + i) * 8);
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const uint32_t w = word_of(x4, e);
-              sum += float(Q::pair(w).x) + float(Q::pair(w).y);
-            }
-          }
-        }
-#pragma unroll
-        for (int o = 1; o < 8; o *= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-        if (r < nr && lane % 8 == 0) {
-          xsum[r] = sum;
-          bad |= isfinite(sum) ? 0u : 1u;
-        }
-      }
-      uint32_t any;
-      asm volatile("{\n .reg .pred p, q;\n setp.ne.u32 p, %1, 0;\n bar.red.or.pred q, 1, %2, p;\n"
-                   " selp.u32 %0, 1, 0, q;\n}"
-                   : "=r"(any)
-                   : "r"(bad), "n"(CW * 32)
-                   : "memory");
-      if (any) return false;
     }
     int cnt = 0;
     for (int64_t n = 0;; ++n) {
@@ -433,7 +444,7 @@ __global__ void __launch_bounds__(THREADS) gemv_quant_tma(const __grid_constant_
         const T* xst = xv + (k * SK + t * 16) * VPB;  // this lane's x of the stage's round 0
         if constexpr (M == kRowEnd) {
 #pragma unroll
-          for (int rd = 0; rd < ROUNDS; ++rd) round_mmas(st, xst + rd * 64 * VPB, rd, row_blo, row_bhi, acc);
+          for (int rd = 0; rd < ROUNDS; ++rd) round_mmas(st, xst + rd * 64 * VPB, rd, row_blo, row_bhi, acc, exact);
         } else if constexpr (M == kRounds) {
 #pragma unroll
           for (int rd = 0; rd < ROUNDS; ++rd) {
@@ -443,7 +454,7 @@ __global__ void __launch_bounds__(THREADS) gemv_quant_tma(const __grid_constant_
 #pragma unroll
             for (int h = 0; h < 2; ++h) rs[h] = quad_entry(cm.s[(2 * rd + h) / 4], 2 * rd + h);
             float tl[4][4] = {};
-            round_mmas(st, xst + rd * 64 * VPB, rd, blo, bhi, tl);
+            round_mmas(st, xst + rd * 64 * VPB, rd, blo, bhi, tl, exact);
 #pragma unroll
             for (int e = 0; e < 4; ++e)
               acc[0][e] = fmaf(rs[e / 2], (tl[0][e] + tl[1][e]) + (tl[2][e] + tl[3][e]), acc[0][e]);
@@ -457,18 +468,22 @@ __global__ void __launch_bounds__(THREADS) gemv_quant_tma(const __grid_constant_
               const int rd = f * RW + r;
               uint32_t blo[2] = {row_blo[0], row_blo[1]}, bhi[2] = {row_bhi[0], row_bhi[1]};
               if constexpr (M == kColumnsZx) round_bias(cm, rd, blo, bhi);
-              round_mmas(st, gq == r ? xst + rd * 64 * VPB : zx, rd, blo, bhi, tl);
+              round_mmas(st, gq == r ? xst + rd * 64 * VPB : zx, rd, blo, bhi, tl, offset);
             }
-            float zc[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // kColumnsZ: (8 - z) times the columns' round sums
-            if constexpr (M == kColumnsZ) {
+            float cols[4];  // the columns' sums of (q - z) x
+#pragma unroll
+            for (int e = 0; e < 4; ++e) cols[e] = (tl[0][e] + tl[1][e]) + (tl[2][e] + tl[3][e]);
+            if constexpr (kOffset) {  // less (kOffsetBase + z) times the columns' round sums of x
               const int r0 = k * ROUNDS + f * RW + (2 * t < RW ? 2 * t : 0);  // even: 8-byte aligned
               const float2 xr = *reinterpret_cast<const float2*>(xsum + r0);
 #pragma unroll
-              for (int e = 0; e < 4; ++e) zc[e] = float(8 - int(cm.cz[f][e])) * (e % 2 ? xr.y : xr.x);
+              for (int e = 0; e < 4; ++e) {
+                const float zo = Q::kOffsetBase + float(int(cm.cz[f][e]));
+                cols[e] = fmaf(cols[e], Q::kOffsetScale, -zo * (e % 2 ? xr.y : xr.x));
+              }
             }
 #pragma unroll
-            for (int e = 0; e < 4; ++e)
-              acc[0][e] = fmaf(cm.cs[f][e], ((tl[0][e] + tl[1][e]) + (tl[2][e] + tl[3][e])) + zc[e], acc[0][e]);
+            for (int e = 0; e < 4; ++e) acc[0][e] = fmaf(cm.cs[f][e], cols[e], acc[0][e]);
           }
         }
         __syncwarp();
@@ -523,7 +538,7 @@ __global__ void __launch_bounds__(THREADS) gemv_quant_tma(const __grid_constant_
   } else if (nv > 1) {
     consume(std::integral_constant<Mode, kRounds>{}, false);
   } else if (has_zeros) {
-    if (!consume(std::integral_constant<Mode, kColumnsZ>{}, false))
+    if (!consume(std::integral_constant<Mode, kColumnsZ>{}, false))  // false: x not finite
       consume(std::integral_constant<Mode, kColumnsZx>{}, true);
   } else {
     consume(std::integral_constant<Mode, kColumns>{}, false);
