@@ -569,15 +569,16 @@ def time_jit(jax, op: Callable[[Any, Any], Any], Ws: list, xs: list, reps: int, 
             tr = json.load(fh)
     finally:
         shutil.rmtree(d, ignore_errors=True)
-    out = {"kernel": _summary(kernel_us_per_call(tr, runs, R), R, runs, "kernel")}
+    kernels = gpu_kernels(tr)
+    out = {"kernel": _summary(kernel_us_per_call(kernels, runs, R), R, runs, "kernel")}
     try:
-        out["span"] = _summary(span_us_per_call(tr, runs, R), R, runs, "span")
+        out["span"] = _summary(span_us_per_call(kernels, runs, R), R, runs, "span")
     except Exception as exc:  # noqa: BLE001
         out["span_error"] = _short(exc, 300)
     return out
 
 
-def _gpu_kernels(trace: Any) -> list[tuple[float, float]]:
+def gpu_kernels(trace: Any) -> list[tuple[float, float]]:
     """(start, duration) in us of the kernels on the GPU timelines of a perfetto trace, by start
     (copies and memsets excluded)."""
     ev = trace["traceEvents"] if isinstance(trace, dict) else trace
@@ -599,21 +600,20 @@ def _per_run(kernels: list, runs: int) -> list[list]:
     return [kernels[i * per:(i + 1) * per] for i in range(runs)]
 
 
-def kernel_us_per_call(trace: Any, runs: int, calls: int) -> list[float]:
-    """From a perfetto trace of ``runs`` runs of a program of ``calls`` calls: per run, the summed
-    duration (us) of its GPU kernels / calls (one mean over all runs if the kernels do not cut
-    evenly into runs)."""
-    groups = _per_run(_gpu_kernels(trace), runs)
+def kernel_us_per_call(kernels: list, runs: int, calls: int) -> list[float]:
+    """From the GPU kernels (:func:`gpu_kernels`) of a trace of ``runs`` runs of a program of
+    ``calls`` calls: per run, the summed duration (us) of its kernels / calls (one mean over all
+    runs if the kernels do not cut evenly into runs)."""
+    groups = _per_run(kernels, runs)
     n = runs if len(groups) == 1 and runs > 1 else 1
     return [sum(dur for _, dur in g) / (n * calls) for g in groups]
 
 
-def span_us_per_call(trace: Any, runs: int, calls: int) -> list[float]:
-    """From the same trace: per run, the GPU time from its first kernel's start to its last
+def span_us_per_call(kernels: list, runs: int, calls: int) -> list[float]:
+    """From the same kernels: per run, the GPU time from its first kernel's start to its last
     kernel's end / calls, i.e. what the device spends per call with the gaps between kernels
     counted and overlapping kernels counted once (the analogue of timing a graph replay with
     events). Kernels that do not cut evenly into runs raise: a span needs the runs apart."""
-    kernels = _gpu_kernels(trace)
     if len(kernels) % runs:
         raise RuntimeError(f"{len(kernels)} kernels do not cut into {runs} runs")
     return [(max(t + d for t, d in g) - g[0][0]) / calls for g in _per_run(kernels, runs)]

@@ -417,20 +417,23 @@ def test_kernel_time_from_profile() -> None:
             ev.append({"ph": "X", "pid": 7, "ts": t, "dur": d, "name": "gemv"})
             ev.append({"ph": "X", "pid": 7, "ts": t + 1, "dur": 50, "name": "MemcpyD2H"})
             t += 10
-    got = bench.kernel_us_per_call({"traceEvents": ev}, runs=2, calls=2)
+    kernels = bench.gpu_kernels({"traceEvents": ev})
+    assert kernels == bench.gpu_kernels(ev)  # a dict or the bare event list
+    assert kernels == [(100, 2.0), (110, 3.0), (120, 2.5), (130, 3.5)]  # the copies and the host left out
+    got = bench.kernel_us_per_call(kernels, runs=2, calls=2)
     assert got == [2.5, 3.0]
-    assert bench.kernel_us_per_call(ev, runs=3, calls=1) == [11.0 / 3]  # uneven: one mean
+    assert bench.kernel_us_per_call(kernels, runs=3, calls=1) == [11.0 / 3]  # uneven: one mean
     with pytest.raises(RuntimeError, match="no GPU kernels"):
-        bench.kernel_us_per_call(ev[:3], runs=1, calls=1)
+        bench.gpu_kernels(ev[:3])
     # the span: first start to last end per run (the copies ignored) / calls
-    assert bench.span_us_per_call({"traceEvents": ev}, runs=2, calls=2) == [13.0 / 2, 13.5 / 2]
+    assert bench.span_us_per_call(kernels, runs=2, calls=2) == [13.0 / 2, 13.5 / 2]
     with pytest.raises(RuntimeError, match="do not cut into 3 runs"):
-        bench.span_us_per_call(ev, runs=3, calls=1)
+        bench.span_us_per_call(kernels, runs=3, calls=1)
     # kernels that overlap count once, a gap counts: [0, 5] + [3, 8] + [12, 13] spans 13; their
     # summed durations are 11
     lap = ev[:2] + [{"ph": "X", "pid": 7, "ts": t, "dur": d, "name": "k"} for t, d in ((0, 5), (3, 5), (12, 1))]
-    assert bench.span_us_per_call(lap, runs=1, calls=3) == [13.0 / 3]
-    assert bench.kernel_us_per_call(lap, runs=1, calls=3) == [11.0 / 3]
+    assert bench.span_us_per_call(bench.gpu_kernels(lap), runs=1, calls=3) == [13.0 / 3]
+    assert bench.kernel_us_per_call(bench.gpu_kernels(lap), runs=1, calls=3) == [11.0 / 3]
 
 
 # ---- bench.py: the wall-time estimator inside jit --------------------------------------------
@@ -662,11 +665,15 @@ def test_bench_end_to_end_on_a_simulated_gpu(tmp_path: Path, monkeypatch: pytest
         t2 = [50e-6 + execs * (20e-6 + n2 * per_call) + d for d in jitter]
         return t1, t2, True
 
-    def fake_kernel_us(trace: Any, runs: int, calls: int) -> list[float]:
+    def fake_gpu_kernels(trace: Any) -> list[tuple[float, float]]:
         traces.append(trace["traceEvents"] if isinstance(trace, dict) else trace)
+        return [(0.0, 1.0)]  # the trace has no GPU timeline; the times come from fake_kernel_us
+
+    def fake_kernel_us(kernels: list, runs: int, calls: int) -> list[float]:
         return [3.5 if len(traces) % 2 else 3.6] * runs  # gemv_ffi is profiled first, then jnp.dot
 
     monkeypatch.setitem(bench._OPTIONAL, "jax", (jax, ""))
+    monkeypatch.setattr(bench, "gpu_kernels", fake_gpu_kernels)
     monkeypatch.setattr(bench, "kernel_us_per_call", fake_kernel_us)
     monkeypatch.setattr(bench, "wall_samples", fake_wall_samples)
     out = tmp_path / "sim.json"

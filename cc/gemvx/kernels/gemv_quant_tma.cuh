@@ -230,13 +230,13 @@ __global__ void __launch_bounds__(THREADS) gemv_quant_tma(const __grid_constant_
   //   kRounds (several vectors, whose columns the tile needs): each round's own tile is scaled.
   // The mmas take exact integers (but kColumnsZ's). Zero points of kRounds and kColumnsZx, and
   // the kRounds scales, of a stage's (round rd, row h) are entry j = 2 rd + h, held by lane j % 4
-  // of the quad as its entry j / 4 and shuffled when used; kColumns* scales and kColumnsZ zero points are the lane's
-  // own (flush f, entry e: row g + 8 (e / 2), round f RW + 2t + e % 2). All are loaded one
-  // stage ahead as raw bits (Raw: ok has bit i for entry i of s / zp, bit 16 + 4 f + e for entry
-  // (f, e) of cs / cz, set where the entry is in use) and decoded into Meta when their stage
-  // starts: decoded where they were loaded, the conversions made the warp wait for the loads at
-  // once, every stage (benchmarks/NOTES.md). Entries not in use (past K, where W and x are zero)
-  // decode to scale 0 and zero point 8.
+  // of the quad as its entry j / 4 and shuffled when used; kColumns* scales and kColumnsZ zero
+  // points are the lane's own (flush f, entry e: row g + 8 (e / 2), round f RW + 2t + e % 2). All
+  // are loaded one stage ahead as raw bits (Raw: ok has bit i for entry i of s / zp, bit
+  // 16 + 4 f + e for entry (f, e) of cs / cz, set where the entry is in use) and decoded into Meta
+  // when their stage starts: decoded where they were loaded, the conversions made the warp wait
+  // for the loads at once, every stage (benchmarks/NOTES.md). Entries not in use (past K, where W
+  // and x are zero, or columns past RW) decode to scale 0 and zero point 8.
   enum Mode { kRowEnd, kRounds, kColumns, kColumnsZ, kColumnsZx };
   constexpr int MJ = ROUNDS / 2;
   constexpr int RW = ROUNDS < 8 ? ROUNDS : 8;  // rounds per kColumns flush: one per C column
@@ -470,7 +470,7 @@ __global__ void __launch_bounds__(THREADS) gemv_quant_tma(const __grid_constant_
               if constexpr (M == kColumnsZx) round_bias(cm, rd, blo, bhi);
               round_mmas(st, gq == r ? xst + rd * 64 * VPB : zx, rd, blo, bhi, tl, offset);
             }
-            float cols[4];  // the columns' sums of (q - z) x
+            float cols[4];  // the columns' sums of (q - z) x (kOffset: of the offset codes times x)
 #pragma unroll
             for (int e = 0; e < 4; ++e) cols[e] = (tl[0][e] + tl[1][e]) + (tl[2][e] + tl[3][e]);
             if constexpr (kOffset) {  // less (kOffsetBase + z) times the columns' round sums of x
