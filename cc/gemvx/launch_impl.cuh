@@ -559,7 +559,7 @@ struct QuantTma {
     const cuuint64_t dims[3] = {cuuint64_t(row_bytes / 8), cuuint64_t(a.M), cuuint64_t(a.groups)};
     const cuuint64_t strides[2] = {cuuint64_t(ldw), cuuint64_t(w_group)};
     const cuuint32_t box[3] = {SK / 8, 16, 1}, step[3] = {1, 1, 1};
-    // 128-byte L2 promotions: with evict_first (kernels/tma.cuh), 256 ran up to 6% slower across a
+    // 128-byte L2 promotions: with evict_first (l2_evict_first, kernels/common.cuh), 256 ran up to 6% slower across a
     // rotation of 4x L2 (not measured again past 32x; benchmarks/NOTES.md).
     if (encode(&t->map, CU_TENSOR_MAP_DATA_TYPE_UINT64, 3, const_cast<void*>(a.W), dims, strides, box, step,
                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
