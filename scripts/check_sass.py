@@ -51,8 +51,15 @@ check_mma32 = needs_ops("tensor-core", ("LDG.E.NA.128", "HMMA.1688.F32.TF32"))
 def check_mma(name: str, body: str) -> str | None:
     m = MMA.search(name)
     return (check_mma32 if m.group(2) == "f" else check_mma16)(name, body)
-# Shared-memory tile kernels: cp.async copies (LDGSTS), ldmatrix (LDSM) into HMMA.
-check_tile = needs_ops("tile", ("LDGSTS", "LDSM", "HMMA.16816.F32"))
+# Shared-memory tile kernels: cp.async copies (LDGSTS), ldmatrix (LDSM) into HMMA (fp32, layout N:
+# the tf32 mma).
+check_tile16 = needs_ops("tile", ("LDGSTS", "LDSM", "HMMA.16816.F32"))
+check_tile32 = needs_ops("tile", ("LDGSTS", "LDSM", "HMMA.1688.F32.TF32"))
+
+
+def check_tile(name: str, body: str) -> str | None:
+    m = TILE.search(name)
+    return (check_tile32 if m.group(2) == "f" else check_tile16)(name, body)
 # TMA kernels: tensor-map copies (UTMALDG) read back with 128-bit shared loads (LDS.128) into HMMA.
 check_quant_tma = needs_ops("TMA", ("UTMALDG", "LDS.128", "HMMA.16816.F32"))
 # The layout-T TMA kernel: tensor-map copies read back with ldmatrix into HMMA.

@@ -553,8 +553,8 @@ def test_nonfinite(cp: Any, rng: np.random.Generator, dtype: str, transpose: boo
     assert np.isnan(float(got[4])) and np.isfinite(np.delete(got.astype(np.float64), 4)).all()
 
 
-MMA_N = [c["id"] for c in CONFIGS if c["family"] in ("RowMajorMma", "RowMajorMmaPipelined")]
-MMA_NT = MMA_N + MMA_T  # the register-fed tensor-core kernels, fp32's 3xTF32 among them
+MMA_N = [c["id"] for c in CONFIGS if c["family"] in ("RowMajorMma", "RowMajorMmaPipelined", "RowMajorTile")]
+MMA_NT = MMA_N + MMA_T  # the tensor-core kernels that take fp32 as 3xTF32 (and 16-bit types)
 
 
 @pytest.mark.parametrize("cfg_id,dtype,split", cases(MMA_NT, DTYPES, BOOLS), ids=idfn)

@@ -31,7 +31,7 @@
 //   TransposedMmaPipelined: TransposedMma with software-pipelined W loads, as above.
 //   RowMajorTile: 16 vectors on tensor cores with W and x staged in shared memory by cp.async
 //              (kernels/gemv_tile.cuh): P1 = rows per block, P2 = 16-byte chunks of K per stage,
-//              UNROLL = stages (STAGES - 1 in flight), NV = 16.
+//              UNROLL = stages (STAGES - 1 in flight), NV = 16; fp32 as three tf32 mma per product.
 //   TransposedTile: the same for layout T (kernels/gemv_tile_t.cuh): P1 = 16-byte column chunks
 //              per block, P2 = 8-row groups of W per stage, UNROLL = stages, NV = 16.
 //   TransposedTma: TransposedTile on Hopper with W and x streamed by the TMA unit's bulk copies

@@ -244,9 +244,9 @@ template <int THREADS, int CB, int P2, int U, int NV>
 using TransposedMmaPipelined = TransposedFamily<true, true, THREADS, CB, P2, U, NV>;
 
 // Layout N, 16 vectors on tensor cores through shared memory (kernels/gemv_tile.cuh): P1 = BM rows
-// per block, P2 = BKC 16-byte chunks of K per stage, U = STAGES. fp32, the scalar variant and GPUs
-// with less shared memory per block than the config needs run the CUDA-core kernel with the same
-// rows per block (4 lanes per row) and splits.
+// per block, P2 = BKC 16-byte chunks of K per stage, U = STAGES (fp32 as 3xTF32). The scalar variant
+// and GPUs with less shared memory per block than the config needs run the CUDA-core kernel with
+// the same rows per block (4 lanes per row) and splits.
 template <int THREADS, int BM, int BKC, int STAGES, int NV>
 struct RowMajorTile {
   static_assert(NV == 16 && (4 * BM) % THREADS == 0, "tile configs: 16 vectors, 4 lanes per row");
@@ -261,7 +261,7 @@ struct RowMajorTile {
   static int64_t grid_x(const Problem& p, int) { return (p.M + BM - 1) / BM; }
   template <typename T, bool VEC>
   static void launch(dim3 grid, cudaStream_t s, const Args& a) {
-    if constexpr (VEC && sizeof(T) == 2) {
+    if constexpr (VEC) {
       static std::atomic<int8_t> state[64] = {};
       if (smem_ok(kernels::gemv_tile<T, THREADS, BM, BKC, STAGES>, kSmem, state)) {
         launch_kernel(kernels::gemv_tile<T, THREADS, BM, BKC, STAGES>, grid, THREADS, s, a,

@@ -69,10 +69,19 @@ struct Tf32Pair {
   uint32_t big, small;
 };
 __device__ __forceinline__ Tf32Pair split_tf32(uint32_t v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // Hopper converts to tf32 toward zero in one instruction (F2FP.TF32 .RZ): the same cut as the
+  // mask below, and a NaN stays a NaN.
+  uint32_t big, small;
+  asm("cvt.rz.tf32.f32 %0, %1;" : "=r"(big) : "f"(__uint_as_float(v)));
+  asm("cvt.rz.tf32.f32 %0, %1;" : "=r"(small) : "f"(__uint_as_float(v) - __uint_as_float(big)));
+  return {big, small};
+#else
   constexpr uint32_t kTf32 = 0xffffe000u;
   // A NaN whose payload lies only in the cut bits would become Inf: it is kept a (quiet) NaN.
   const uint32_t big = isnan(__uint_as_float(v)) ? v | 0x00400000u : v & kTf32;
   return {big, __float_as_uint(__uint_as_float(v) - __uint_as_float(big)) & kTf32};
+#endif
 }
 
 // One x.w product of 3xTF32 for an mma.m16n8k8: the A fragment a (x) and the B fragment b0, b1 (W)

@@ -16,9 +16,16 @@
 //     (rows 8-15, c), (rows 8-15, c + 1): lane L gives row L % 8 + 8 (L / 16), chunk c + (L / 8) % 2.
 // A block's warps own R = BM / warps consecutive rows each and every k of a stage, so no reduction
 // between warps is needed. Rows past M, vectors past nvec and chunks past the split's end are
-// zero-filled by the copies (source size 0). Split-K and the K % 8 tail work as in the other
-// row-major kernels. fp32 and operands without 16-byte alignment run the CUDA-core kernel with the
-// same rows per block instead (launch.cu).
+// zero-filled by the copies (source size 0). Split-K and the K tail after the last 16-byte chunk
+// work as in the other row-major kernels. Operands without 16-byte alignment run the CUDA-core
+// kernel with the same rows per block instead (launch.cu).
+// fp32 takes the same copies, swizzle and ldmatrix addresses: a chunk is 4 elements, and an 8x8
+// matrix of 16-bit pairs read from fp32 rows gives lane (g, t) element t of row g's chunk, which is
+// what mma.m16n8k8.tf32 wants, with chunk c in k slots 0-3 and chunk c + 1 in slots 4-7 (A: a0, a1
+// from (vectors 0-7, 8-15, c), a2, a3 from c + 1; B: b0 from (rows, c), b1 from (rows, c + 1)). So a
+// k step is 8 elements instead of 16, and the products are gemv_mma's 3xTF32 (mma_tf32x3): every
+// fragment split into a tf32 big and small part, the big.big sums of two k steps added to the
+// accumulator on the CUDA cores, the small terms kept apart and joined at the end (join_tf32).
 #pragma once
 
 #include "common.cuh"
@@ -95,14 +102,15 @@ constexpr int tile_smem_bytes() {
 template <typename T, int THREADS, int BM, int BKC, int STAGES>
 __global__ void __launch_bounds__(THREADS) gemv_tile(const Args a) {
   constexpr int NV = 16;
-  constexpr int VW = 8;
+  constexpr int VW = 16 / sizeof(T);  // elements per 16-byte chunk
+  constexpr bool kF32 = std::is_same<T, float>::value;
   constexpr int WARPS = THREADS / 32;
   constexpr int R = BM / WARPS;                // rows per warp
   constexpr int RSTEP = THREADS / BKC;         // rows (or vectors) between a thread's copies
   constexpr int W_COPIES = BM * BKC / THREADS;  // 16-byte copies per thread and stage
   constexpr int X_COPIES = NV * BKC / THREADS;
   constexpr int STAGE = (BM + NV) * BKC;        // 16-byte slots per stage
-  static_assert(sizeof(T) == 2 && THREADS % 32 == 0, "gemv_tile: 16-bit types, whole warps");
+  static_assert(THREADS % 32 == 0, "gemv_tile: whole warps");
   static_assert(R % 16 == 0 && BKC % 8 == 0 && THREADS % BKC == 0,
                 "gemv_tile: 16-row pairs of tiles per warp, whole 8-chunk swizzle groups");
   static_assert(W_COPIES * THREADS == BM * BKC && X_COPIES * THREADS == NV * BKC && X_COPIES >= 1,
@@ -151,44 +159,83 @@ __global__ void __launch_bounds__(THREADS) gemv_tile(const Args a) {
     }
   };
 
-  float acc[R / 8][4];
+  float acc[R / 8][4], accs[R / 8][4];  // accs: fp32's small terms
 #pragma unroll
   for (int j = 0; j < R / 8; ++j)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) acc[j][i] = 0.0f;
+    for (int i = 0; i < 4; ++i) acc[j][i] = accs[j][i] = 0.0f;
 
   // ldmatrix addresses inside a stage, for the k step's first chunk c = 2 kk (see the header).
   const int xa_row = lane % 8 + 8 * ((lane / 8) % 2), xa_chunk = lane / 16;
   const int wb_row = warp * R + lane % 8 + 8 * (lane / 16), wb_chunk = (lane / 8) % 2;
+  // The fragments of k step kk (chunks 2 kk, 2 kk + 1): x's, and W's of the p-th pair of 8-row tiles.
+  auto a_frag = [&](const uint4* s, int kk, uint32_t (&af)[4]) {
+    ldsm_x4(af, s + (BM + xa_row) * BKC + ((2 * kk + xa_chunk) ^ (lane % 8)));
+  };
+  auto b_frag = [&](const uint4* s, int kk, int p, uint32_t (&bf)[4]) {
+    ldsm_x4(bf, s + (wb_row + 16 * p) * BKC + ((2 * kk + wb_chunk) ^ (lane % 8)));
+  };
   auto compute = [&](int buf) {
     const uint4* const s = smem + buf * STAGE;
+    if constexpr (kF32) {
 #pragma unroll
-    for (int kk = 0; kk < BKC / 2; ++kk) {
-      uint32_t af[4];
-      ldsm_x4(af, s + (BM + xa_row) * BKC + ((2 * kk + xa_chunk) ^ (lane % 8)));
+      for (int k2 = 0; k2 < BKC / 4; ++k2) {  // two k steps per addition of the big.big sums
+        float part[R / 8][4] = {};
 #pragma unroll
-      for (int p = 0; p < R / 16; ++p) {
-        uint32_t bf[4];
-        ldsm_x4(bf, s + (wb_row + 16 * p) * BKC + ((2 * kk + wb_chunk) ^ (lane % 8)));
-        mma_16816(acc[2 * p], af, bf[0], bf[1], T{});
-        mma_16816(acc[2 * p + 1], af, bf[2], bf[3], T{});
+        for (int h = 0; h < 2; ++h) {
+          uint32_t af[4];
+          a_frag(s, 2 * k2 + h, af);
+          Tf32Pair ap[4];
+#pragma unroll
+          for (int e = 0; e < 4; ++e) ap[e] = split_tf32(af[e]);
+#pragma unroll
+          for (int p = 0; p < R / 16; ++p) {
+            uint32_t bf[4];
+            b_frag(s, 2 * k2 + h, p, bf);
+            Tf32Pair bp[4];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) bp[e] = split_tf32(bf[e]);
+            mma_tf32x3(part[2 * p], accs[2 * p], ap, bp[0], bp[1]);
+            mma_tf32x3(part[2 * p + 1], accs[2 * p + 1], ap, bp[2], bp[3]);
+          }
+        }
+#pragma unroll
+        for (int j = 0; j < R / 8; ++j)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) acc[j][i] += part[j][i];
+      }
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < BKC / 2; ++kk) {
+        uint32_t af[4];
+        a_frag(s, kk, af);
+#pragma unroll
+        for (int p = 0; p < R / 16; ++p) {
+          uint32_t bf[4];
+          b_frag(s, kk, p, bf);
+          mma_16816(acc[2 * p], af, bf[0], bf[1], T{});
+          mma_16816(acc[2 * p + 1], af, bf[2], bf[3], T{});
+        }
       }
     }
   };
 
   run_stages<STAGES>(steps, load_stage, compute);
+  join_tf32<T, R / 2>(&acc[0][0], &accs[0][0]);
   pdl_trigger();
 
   const int64_t m0 = row0 + warp * R;
   if (split == a.splits - 1 && nchunk * VW < a.K) add_k_tail<T, R>(a, W, X, nv, m0, nchunk * VW, acc);
-  if (rows_storable<T>(a)) {
-    // Through the ring, once every warp is done with its last stage (no copies are in flight).
-    static_assert(WARPS * 16 * (R + 8) * int(sizeof(T)) <= STAGES * STAGE * 16, "staged outputs fit the ring");
-    __syncthreads();
-    store_tile_rows<T, R>(a, g, v0, nv, m0, acc, reinterpret_cast<T*>(smem) + warp * 16 * (R + 8));
-  } else {
-    store_tile<T, R>(a, split, g, v0, nv, m0, acc);
+  if constexpr (!kF32) {  // store_tile_rows stages 16-bit pairs
+    if (rows_storable<T>(a)) {
+      // Through the ring, once every warp is done with its last stage (no copies are in flight).
+      static_assert(WARPS * 16 * (R + 8) * int(sizeof(T)) <= STAGES * STAGE * 16, "staged outputs fit the ring");
+      __syncthreads();
+      store_tile_rows<T, R>(a, g, v0, nv, m0, acc, reinterpret_cast<T*>(smem) + warp * 16 * (R + 8));
+      return;
+    }
   }
+  store_tile<T, R>(a, split, g, v0, nv, m0, acc);
 }
 
 }  // namespace kernels
