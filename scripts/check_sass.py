@@ -43,23 +43,21 @@ def needs_ops(kind: str, ops: tuple[str, ...]):
     return check
 
 
-# Tensor-core kernels: 128-bit stream loads of W feeding HMMA (fp32 on layout N: the tf32 mma).
-check_mma16 = needs_ops("tensor-core", ("LDG.E.NA.128", "HMMA.16816.F32"))
-check_mma32 = needs_ops("tensor-core", ("LDG.E.NA.128", "HMMA.1688.F32.TF32"))
+def by_dtype(rx: re.Pattern[str], kind: str, ops: tuple[str, ...], mma16: str, mma32: str):
+    """needs_ops(kind, ops + the mma of the kernel's type): ``mma32`` where ``rx``'s group 2 (the
+    mangled element type) is float ("f"), else ``mma16``."""
+    check16, check32 = needs_ops(kind, ops + (mma16,)), needs_ops(kind, ops + (mma32,))
+
+    def check(name: str, body: str) -> str | None:
+        return (check32 if rx.search(name).group(2) == "f" else check16)(name, body)
+    return check
 
 
-def check_mma(name: str, body: str) -> str | None:
-    m = MMA.search(name)
-    return (check_mma32 if m.group(2) == "f" else check_mma16)(name, body)
+# Tensor-core kernels: 128-bit stream loads of W feeding HMMA (fp32: the tf32 mma).
+check_mma = by_dtype(MMA, "tensor-core", ("LDG.E.NA.128",), "HMMA.16816.F32", "HMMA.1688.F32.TF32")
 # Shared-memory tile kernels: cp.async copies (LDGSTS), ldmatrix (LDSM) into HMMA (fp32, layout N:
 # the tf32 mma).
-check_tile16 = needs_ops("tile", ("LDGSTS", "LDSM", "HMMA.16816.F32"))
-check_tile32 = needs_ops("tile", ("LDGSTS", "LDSM", "HMMA.1688.F32.TF32"))
-
-
-def check_tile(name: str, body: str) -> str | None:
-    m = TILE.search(name)
-    return (check_tile32 if m.group(2) == "f" else check_tile16)(name, body)
+check_tile = by_dtype(TILE, "tile", ("LDGSTS", "LDSM"), "HMMA.16816.F32", "HMMA.1688.F32.TF32")
 # TMA kernels: tensor-map copies (UTMALDG) read back with 128-bit shared loads (LDS.128) into HMMA.
 check_quant_tma = needs_ops("TMA", ("UTMALDG", "LDS.128", "HMMA.16816.F32"))
 # The layout-T TMA kernel: tensor-map copies read back with ldmatrix into HMMA.
