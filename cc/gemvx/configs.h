@@ -33,7 +33,8 @@
 //              (kernels/gemv_tile.cuh): P1 = rows per block, P2 = 16-byte chunks of K per stage,
 //              UNROLL = stages (STAGES - 1 in flight), NV = 16; fp32 as three tf32 mma per product.
 //   TransposedTile: the same for layout T (kernels/gemv_tile_t.cuh): P1 = 16-byte column chunks
-//              per block, P2 = 8-row groups of W per stage, UNROLL = stages, NV = 16.
+//              per block, P2 = 8-row groups of W per stage, UNROLL = stages, NV = 16; fp32 as three
+//              tf32 mma per product.
 //   TransposedTma: TransposedTile on Hopper with W and x streamed by the TMA unit's bulk copies
 //              (kernels/gemv_tma_t.cuh): THREADS - 32 consumer threads and a producer warp, P1 =
 //              16-byte column chunks per block (whole 64-column boxes), P2 = 8 (64 rows of W per

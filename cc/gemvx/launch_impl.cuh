@@ -275,9 +275,9 @@ struct RowMajorTile {
 };
 
 // Layout T, 16 vectors on tensor cores through shared memory (kernels/gemv_tile_t.cuh): P1 = BMC
-// 16-byte column chunks per block, P2 = BKC: 8 BKC rows of W per stage, U = STAGES. fp32, the
-// scalar variant, x rows that are not 16-byte aligned and GPUs with too little shared memory per
-// block run the CUDA-core kernel with the same columns per block and splits.
+// 16-byte column chunks per block, P2 = BKC: 8 BKC rows of W per stage, U = STAGES (fp32 as
+// 3xTF32). The scalar variant, x rows that are not 16-byte aligned and GPUs with too little shared
+// memory per block run the CUDA-core kernel with the same columns per block and splits.
 template <int THREADS, int BMC, int BKC, int STAGES, int NV>
 struct TransposedTile {
   static constexpr int64_t kOverlapMaxBytes = int64_t(16) << 20;  // between 8 and 32 MiB measured
@@ -286,25 +286,27 @@ struct TransposedTile {
   static constexpr bool kPipelined = true;
   static constexpr bool kTensorCores = true;
   static constexpr int kThreads = THREADS, kNV = NV;
-  static constexpr int kSmem = kernels::tile_t_smem_bytes<BMC, BKC, STAGES>();
+  template <typename T>
+  static constexpr int kSmem = kernels::tile_t_smem_bytes<T, BMC, BKC, STAGES>();
   static int64_t k_units(const Problem& p, int) { return p.K; }
   static int64_t min_units_per_split() { return 8 * BKC; }
   static int64_t round_span(int64_t s) { return (s + 8 * BKC - 1) / (8 * BKC) * (8 * BKC); }
   static int64_t grid_x(const Problem& p, int vw) { return ((p.M + vw - 1) / vw + BMC - 1) / BMC; }
   template <typename T, bool VEC>
   static void launch(dim3 grid, cudaStream_t s, const Args& a) {
-    if constexpr (VEC && sizeof(T) == 2) {
+    if constexpr (VEC) {
+      constexpr int64_t vw = 16 / sizeof(T);
       const bool x_ok = (reinterpret_cast<uintptr_t>(a.x) & 15) == 0 &&
-                        (a.nvec <= 1 || a.x_vec % 8 == 0) && (a.groups <= 1 || a.x_group % 8 == 0);
+                        (a.nvec <= 1 || a.x_vec % vw == 0) && (a.groups <= 1 || a.x_group % vw == 0);
       static std::atomic<int8_t> state[64] = {};
-      if (x_ok && smem_ok(kernels::gemv_tile_t<T, THREADS, BMC, BKC, STAGES>, kSmem, state)) {
+      if (x_ok && smem_ok(kernels::gemv_tile_t<T, THREADS, BMC, BKC, STAGES>, kSmem<T>, state)) {
         // Overlap with the previous kernel only while W is small: on large W back-to-back
         // batch-16 calls of config 76 ran bimodally with it (fp16 8192x8192 on an H200: 51.4 us
         // median, 39.3 us without; the likely cause is early blocks landing two to an SM), while
         // on small W it hides 0.4-0.8 us of launch latency (benchmarks/NOTES.md).
         const bool overlap = a.M * a.K * a.groups * int64_t(sizeof(T)) < kOverlapMaxBytes;
         launch_kernel(kernels::gemv_tile_t<T, THREADS, BMC, BKC, STAGES>, grid, THREADS, s, a,
-                      kSmem, overlap);
+                      kSmem<T>, overlap);
         return;
       }
     }

@@ -93,6 +93,23 @@ __device__ __forceinline__ void run_stages(int64_t steps, Load& load_stage, Comp
   }
 }
 
+// fp32 on the tile kernels: KSTEPS k steps of 8, in pairs; step(kk, part) adds k step kk's
+// big.big products into part on the tensor cores, and each pair's part is added to acc on the
+// CUDA cores (the small terms go to their own accumulator inside step).
+template <int KSTEPS, int TILES, typename Step>
+__device__ __forceinline__ void tf32_step_pairs(float (&acc)[TILES][4], Step&& step) {
+#pragma unroll
+  for (int k2 = 0; k2 < KSTEPS / 2; ++k2) {
+    float part[TILES][4] = {};
+#pragma unroll
+    for (int h = 0; h < 2; ++h) step(2 * k2 + h, part);
+#pragma unroll
+    for (int j = 0; j < TILES; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[j][i] += part[j][i];
+  }
+}
+
 // Dynamic shared memory of one block: STAGES x (BM rows of W + 16 vectors of x) x BKC chunks.
 template <int BM, int BKC, int STAGES>
 constexpr int tile_smem_bytes() {
@@ -178,32 +195,23 @@ __global__ void __launch_bounds__(THREADS) gemv_tile(const Args a) {
   auto compute = [&](int buf) {
     const uint4* const s = smem + buf * STAGE;
     if constexpr (kF32) {
+      tf32_step_pairs<BKC / 2>(acc, [&](int kk, float (&part)[R / 8][4]) {
+        uint32_t af[4];
+        a_frag(s, kk, af);
+        Tf32Pair ap[4];
 #pragma unroll
-      for (int k2 = 0; k2 < BKC / 4; ++k2) {  // two k steps per addition of the big.big sums
-        float part[R / 8][4] = {};
+        for (int e = 0; e < 4; ++e) ap[e] = split_tf32(af[e]);
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          uint32_t af[4];
-          a_frag(s, 2 * k2 + h, af);
-          Tf32Pair ap[4];
+        for (int p = 0; p < R / 16; ++p) {
+          uint32_t bf[4];
+          b_frag(s, kk, p, bf);
+          Tf32Pair bp[4];
 #pragma unroll
-          for (int e = 0; e < 4; ++e) ap[e] = split_tf32(af[e]);
-#pragma unroll
-          for (int p = 0; p < R / 16; ++p) {
-            uint32_t bf[4];
-            b_frag(s, 2 * k2 + h, p, bf);
-            Tf32Pair bp[4];
-#pragma unroll
-            for (int e = 0; e < 4; ++e) bp[e] = split_tf32(bf[e]);
-            mma_tf32x3(part[2 * p], accs[2 * p], ap, bp[0], bp[1]);
-            mma_tf32x3(part[2 * p + 1], accs[2 * p + 1], ap, bp[2], bp[3]);
-          }
+          for (int e = 0; e < 4; ++e) bp[e] = split_tf32(bf[e]);
+          mma_tf32x3(part[2 * p], accs[2 * p], ap, bp[0], bp[1]);
+          mma_tf32x3(part[2 * p + 1], accs[2 * p + 1], ap, bp[2], bp[3]);
         }
-#pragma unroll
-        for (int j = 0; j < R / 8; ++j)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) acc[j][i] += part[j][i];
-      }
+      });
     } else {
 #pragma unroll
       for (int kk = 0; kk < BKC / 2; ++kk) {
