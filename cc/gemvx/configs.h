@@ -135,6 +135,7 @@
   X(95, TransposedTma, 160, 16, 8, 6, 16)    \
   X(96, TransposedTma, 288, 32, 8, 6, 16)    \
   X(97, TransposedTma, 160, 16, 8, 4, 16)    \
+  X(98, TransposedTile, 512, 64, 4, 3, 16) \
   X(99, TransposedMmaPipelined, 128, 16, 1, 2, 16) \
   X(100, Quant, 128, 4, 1, 2, 8)              \
   X(101, Quant, 128, 4, 1, 4, 8)              \
