@@ -55,8 +55,8 @@ def by_dtype(rx: re.Pattern[str], kind: str, ops: tuple[str, ...], mma16: str, m
 
 # Tensor-core kernels: 128-bit stream loads of W feeding HMMA (fp32: the tf32 mma).
 check_mma = by_dtype(MMA, "tensor-core", ("LDG.E.NA.128",), "HMMA.16816.F32", "HMMA.1688.F32.TF32")
-# Shared-memory tile kernels: cp.async copies (LDGSTS), ldmatrix (LDSM) into HMMA (fp32, layout N:
-# the tf32 mma).
+# Shared-memory tile kernels: cp.async copies (LDGSTS), ldmatrix (LDSM) into HMMA (fp32, both
+# layouts: the tf32 mma).
 check_tile = by_dtype(TILE, "tile", ("LDGSTS", "LDSM"), "HMMA.16816.F32", "HMMA.1688.F32.TF32")
 # TMA kernels: tensor-map copies (UTMALDG) read back with 128-bit shared loads (LDS.128) into HMMA.
 check_quant_tma = needs_ops("TMA", ("UTMALDG", "LDS.128", "HMMA.16816.F32"))
