@@ -146,13 +146,15 @@ NB_MODULE(_ext, m) {
       "Whether launching this plan runs a TMA kernel (for tests): a quantised plan with a QuantTma "
       "config, or a layout-T plan with a TransposedTma config (scales 0).");
   m.def(
-      "uses_prefetch",
+      "dense_paths",
       [](const Problem& plan, uintptr_t W, uintptr_t x, int config, int splits) {
-        const Problem p = with_operands(plan, W, x, 0, 0, 1.0f, 0.0f);
-        return (gemvx::launch_paths(p, config, splits) & gemvx::kPathPrefetch) != 0;
+        return gemvx::launch_paths(with_operands(plan, W, x, 0, 0, 1.0f, 0.0f), config, splits);
       },
       nb::arg("plan"), nb::arg("W"), nb::arg("x"), nb::arg("config"), nb::arg("splits"),
-      "Whether launching this dense plan prefetches its first W into L2 before waiting (for tests).");
+      "The paths a launch of this dense plan takes (for tests): PATH_PREFETCH, it prefetches its "
+      "first W into L2 before waiting; PATH_LEAN, it runs with the lean argument block.");
+  m.attr("PATH_PREFETCH") = gemvx::kPathPrefetch;
+  m.attr("PATH_LEAN") = gemvx::kPathLean;
   m.def("status_message", [](int code) { return std::string(gemvx::status_message(gemvx::Code(code))); });
   m.def("cuda_error_string", [](int err) {
     return std::string(cudaGetErrorName(cudaError_t(err))) + ": " +

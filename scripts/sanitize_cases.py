@@ -1,6 +1,7 @@
 """Representative launches for compute-sanitizer (memcheck / racecheck): every compiled config
-in its aligned and unaligned variants, split-K, edge tails, K = 0, batches, broadcasting, and the
-quantised configs and formats (int8 / int4, group-wise and per-channel, with zero points).
+in its aligned and unaligned variants, split-K, edge tails, K = 0, batches, broadcasting, the lean
+argument block, and the quantised configs and formats (int8 / int4, group-wise and per-channel,
+with zero points).
 Each result is checked against a float64 product, so a run that "passes" the sanitizer but
 computes garbage still fails. Small sizes: the sanitizer slows kernels by orders of magnitude.
 """
@@ -90,6 +91,13 @@ def main() -> int:
             for splits in (1, 2):
                 check(rows_view(host((M, K), cp.float16), aligned), rows_view(host((K,), cp.float16), aligned),
                       False, (cid, splits))
+    # The lean argument block (Lean configs, one plain GEMV: K a whole number of 16-byte chunks,
+    # 16-byte rows), with and without y_in; the runs above (odd K) take their full-block kernel.
+    for n, c in enumerate(c for c in gemvx.configs() if c["family"].endswith("Lean")):
+        for dt in (dtypes[n % 3], dtypes[(n + 1) % 3]):
+            W = rows_view(host((37, 304), dt), True)
+            check(W, rand((304,), dt), False, c["id"])
+            check(W, rand((304,), dt), False, c["id"], out=rand((37,), dt), alpha=0.5, beta=-2.0)
     y = gemvx.cupy_gemv(cp.zeros((5, 0), cp.float32), cp.zeros((0,), cp.float32))
     count += 1
     if not bool(cp.all(y == 0)):

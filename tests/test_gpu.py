@@ -331,6 +331,41 @@ def test_every_config(cp: Any, rng: np.random.Generator, cfg_id: int, dtype: str
     assert first.tobytes() == second.tobytes(), "not bitwise repeatable"
 
 
+# Configs that run a plain GEMV with the lean argument block, and the config with the same kernel
+# (same family without "Lean", same parameters) that runs it with the full one.
+LEAN = [c["id"] for c in CONFIGS if c["family"].endswith("Lean")]
+GEOMETRY = ("layout", "threads", "p1", "p2", "unroll", "max_vectors")
+LEAN_TWIN = {i: next(c["id"] for c in CONFIGS
+                     if c["family"] == CONFIG_BY_ID[i]["family"][:-4]
+                     and all(c[k] == CONFIG_BY_ID[i][k] for k in GEOMETRY)) for i in LEAN}
+
+
+@pytest.mark.parametrize("cfg_id,dtype,case", cases(
+    LEAN, DTYPES, ("plain", "beta", "padded_rows", "one_row", "batched", "odd_k")))
+def test_lean_configs(cp: Any, rng: np.random.Generator, cfg_id: int, dtype: str, case: str) -> None:
+    """A Lean config takes the lean argument block exactly for a plain GEMV (one vector, 16-byte
+    rows, K a whole number of 16-byte chunks) and its full-block kernel otherwise; either way the
+    result matches the float64 reference, every output is written, and it is bitwise the result
+    of its twin (the same kernel with the full argument block: the same sums in the same order)."""
+    vw = 16 // np.dtype(np_dtype(dtype)).itemsize
+    M, K = {"plain": (997, 61 * vw), "beta": (131, 16 * vw), "padded_rows": (389, 40 * vw),
+            "one_row": (1, vw), "batched": (97, 24 * vw), "odd_k": (211, 24 * vw + 3)}[case]
+    w_base_shape, w_view = matrix_view("padded" if case == "padded_rows" else "c", (M, K))
+    w_base = random_array(rng, w_base_shape, dtype)
+    W_h, W_d = w_view(w_base), w_view(cp.asarray(w_base))
+    x_h = random_array(rng, (3, K) if case == "batched" else (K,), dtype)
+    x_d = cp.asarray(x_h)
+    out = cp.empty(x_h.shape[:-1] + (M,), W_d.dtype)
+    lean = case in ("plain", "beta", "padded_rows", "one_row")
+    assert bool(dense_paths(cp, W_d, x_d, out, cfg_id) & _ext.PATH_LEAN) == lean
+    assert not dense_paths(cp, W_d, x_d, out, LEAN_TWIN[cfg_id]) & _ext.PATH_LEAN
+    alpha, beta = (0.75, -1.5) if case == "beta" else (1.0, 0.0)
+    y_in = random_array(rng, (M,), dtype) if case == "beta" else None
+    got = {c: run_checked(cp, W_h, x_h, W_d=W_d, x_d=x_d, alpha=alpha, beta=beta, y_in=y_in, config=c)
+           for c in (cfg_id, LEAN_TWIN[cfg_id])}
+    assert got[cfg_id].tobytes() == got[LEAN_TWIN[cfg_id]].tobytes(), "differs from its twin"
+
+
 TMA_T = [c["id"] for c in CONFIGS if c["family"] == "TransposedTma"]
 
 
@@ -650,9 +685,13 @@ PREFETCHING = [c["id"] for c in CONFIGS if c["family"].endswith("Prefetch")]
 PREFETCH_SHAPE = (2048, 4096)  # float16: 16 MiB, W of the size where the table takes them
 
 
-def uses_prefetch(cp: Any, W: Any, x: Any, out: Any, config: int) -> bool:
+def dense_paths(cp: Any, W: Any, x: Any, out: Any, config: int) -> int:
     prep = prepared_for(cp, W, x, out, False)
-    return bool(_ext.uses_prefetch(prep.problem, prep.ptrs[0], prep.ptrs[1], config, 1))
+    return int(_ext.dense_paths(prep.problem, prep.ptrs[0], prep.ptrs[1], config, 1))
+
+
+def uses_prefetch(cp: Any, W: Any, x: Any, out: Any, config: int) -> bool:
+    return bool(dense_paths(cp, W, x, out, config) & _ext.PATH_PREFETCH)
 
 
 @pytest.mark.parametrize("cfg_id", [c["id"] for c in CONFIGS])
@@ -666,7 +705,7 @@ def test_reads_what_the_call_before_wrote(cp: Any, rng: np.random.Generator, cfg
     transpose = cfg["layout"] == "T"
     dtype = "float16"
     M2, K2 = PREFETCH_SHAPE if cfg_id in PREFETCHING else (40, 1032)
-    B, K1, M3 = 3, 64, 24
+    B, K1, M3 = 1 if cfg_id in LEAN else 3, 64, 24  # Lean configs: one vector takes the lean block
     plain = PLAIN["N"]  # one kernel each, no workspace: nothing is allocated while capturing
     W1 = random_array(rng, (K2, K1), dtype)
     x1 = random_array(rng, (M2, K1), dtype) / 8  # results of about 1: no float16 overflow

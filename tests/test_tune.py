@@ -208,17 +208,19 @@ def test_quant_call_bytes() -> None:
 
 
 def test_default_grid_fits_the_time_budget() -> None:
-    """A full tune of the default grid on an H200 must take about 19 minutes at most (by the
+    """A full tune of the default grid on an H200 must take about 20 minutes at most (by the
     cost model, calibrated against real runs: a GPU run prints its real time beside the
     estimate), so a config added to the list shows up here as time. (15 minutes until the
     TransposedTma configs, whose 1.04 same-run gain on layout T batches 4 and 16 was taken for
     about 1.5 more minutes; config 99, for fp32 layout T at short K, about 0.5 minute; the L2
-    flush for every point whose copies stay below 32x L2, not 4x, about 1.5 minutes.)"""
+    flush for every point whose copies stay below 32x L2, not 4x, about 1.5 minutes; 19.9 minutes
+    before the eleven Lean configs, which add one unsplit timing each at batch 1, about 10
+    seconds.)"""
     pts = tune.grid()
     n = [len(tune.candidates(p)) for p in pts]
     est = tune.estimate_seconds(pts, n, 60 << 20)
     assert sum(n) > 10 * len(pts)  # every point times many candidates
-    assert est < 20 * 60, (sum(n), est)
+    assert est < 20.5 * 60, (sum(n), est)
     # the model charges 1.2 ms of host time or more per timing
     assert est > sum(n) * 1.2e-3
 

@@ -13,6 +13,10 @@
 //              kernels), whose blocks resident from the start ask L2 for their first rows of W
 //              before they wait on the previous kernel (programmatic dependent launch): for the
 //              table to take where that pays (kernels/common.cuh, rowmajor_start).
+//   RowMajorLean, RowMajorPipelinedLean: RowMajor and RowMajorPipelined (the same kernels), which
+//              run a plain GEMV (one vector, one matrix, no split, K a whole number of 16-byte
+//              chunks) with the lean argument block (kernels/common.cuh, LeanArgs: one constant-bank
+//              line, 32-bit indices): for the table to take where that pays (small W).
 //   RowMajorMma: several vectors on tensor cores (fp16/bf16; fp32 as three tf32 mma per product,
 //              to fp32 accuracy: kernels/gemv_mma.cuh). P1 = 4 x the warps that split K (the other
 //              warps take more rows), P2 = 8-row tiles per warp, NV = 16.
@@ -107,9 +111,20 @@
   X(53, TransposedMma, 256, 32, 2, 2, 16)     \
   X(54, TransposedMma, 128, 8, 1, 4, 16)      \
   X(57, RowMajorMmaPipelined, 128, 4, 1, 2, 16) \
+  X(59, RowMajorLean, 256, 64, 1, 4, 1)       \
+  X(60, RowMajorLean, 256, 128, 1, 4, 1)      \
   X(58, RowMajorMmaPipelined, 128, 4, 1, 4, 16) \
   X(61, RowMajorMmaPipelined, 256, 16, 1, 2, 16) \
+  X(62, RowMajorLean, 128, 128, 1, 4, 1)      \
+  X(63, RowMajorPipelinedLean, 128, 32, 1, 2, 1) \
+  X(64, RowMajorPipelinedLean, 256, 32, 1, 4, 1) \
   X(65, TransposedMmaPipelined, 256, 32, 2, 1, 16) \
+  X(66, RowMajorPipelinedLean, 256, 32, 2, 4, 1) \
+  X(67, RowMajorPipelinedLean, 64, 32, 1, 4, 1) \
+  X(68, RowMajorPipelinedLean, 64, 64, 1, 4, 1) \
+  X(69, RowMajorPipelinedLean, 128, 32, 1, 8, 1) \
+  X(70, RowMajorPipelinedLean, 128, 128, 1, 4, 1) \
+  X(71, RowMajorPipelinedLean, 256, 64, 1, 4, 1) \
   X(72, RowMajorTile, 128, 64, 16, 4, 16) \
   X(73, RowMajorTile, 256, 128, 16, 3, 16) \
   X(74, RowMajorTile, 128, 64, 32, 3, 16) \

@@ -35,8 +35,10 @@ int effective_splits(const Problem& p, int config, int splits);
 // kPathTma: a QuantTma or TransposedTma config runs its TMA kernel (kernels/gemv_quant_tma.cuh,
 // kernels/gemv_tma_t.cuh), not its fallback;
 // kPathPrefetch: the kernel asks L2 for its first W before it waits on the previous kernel
-// (kernels/common.cuh, Args::prefetch_blocks).
-constexpr int kPathTma = 1, kPathPrefetch = 2;
+// (kernels/common.cuh, Args::prefetch_blocks);
+// kPathLean: a RowMajorLean or RowMajorPipelinedLean config runs its kernel with the lean argument
+// block (kernels/common.cuh, LeanArgs).
+constexpr int kPathTma = 1, kPathPrefetch = 2, kPathLean = 4;
 int launch_paths(const Problem& p, int config, int splits);
 
 // Workspace bytes the launch needs (0 when it does not split K).

@@ -91,6 +91,18 @@ void launch_kernel(void (*kernel)(P...), dim3 grid, int threads, cudaStream_t s,
   cudaLaunchKernelEx(&cfg, kernel, a);
 }
 
+// The lean argument block (kernels/common.cuh, LeanArgs) of a row-major launch that is one plain
+// GEMV: one vector, one matrix, no split, K a whole number of 16-byte chunks, K and ldw below
+// 2^31, M below 2^31 - 2^16 (so the rows of its last block, past M, still fit 32 bits).
+inline bool lean_args(const Args& a, int vw, kernels::LeanArgs* l) {
+  constexpr int64_t kMax = 0x7fffffff;
+  if (a.splits != 1 || a.nvec != 1 || a.groups != 1 || a.K % vw != 0 || a.M > kMax - 65536 ||
+      a.K > kMax || a.ldw > kMax)
+    return false;
+  *l = {a.W, a.x, a.y, int32_t(a.M), int32_t(a.K), int32_t(a.ldw), a.alpha, a.beta, a.y_in};
+  return true;
+}
+
 // Args::prefetch_blocks for a launch of the row-major kernel `Kernel` by a Prefetch config
 // (kernels/common.cuh: the blocks resident from the start ask L2 for their first rows of W before
 // they wait on the previous kernel): as many blocks as fit on the GPU at once, where programmatic
@@ -141,7 +153,8 @@ bool smem_ok(K kernel, int bytes, std::atomic<int8_t> (&state)[64]) {
 
 // KIND: 0 = CUDA cores, 1 = CUDA cores with software-pipelined loads, 2 = tensor cores (gemv_mma:
 // fp16 / bf16, and fp32 as 3xTF32) on the 16-byte body, 3 = the same with software-pipelined loads,
-// 4 and 5 = 0 and 1 with the L2 prefetch before the wait (Args::prefetch_blocks); the scalar
+// 4 and 5 = 0 and 1 with the L2 prefetch before the wait (Args::prefetch_blocks), 6 and 7 = 0 and 1
+// with LeanArgs for a plain GEMV (lean_args; other calls run 0 and 1 as they are); the scalar
 // variant of a tensor-core config runs the CUDA-core kernel with the same rows, lanes and splits
 // (one 16-byte load per row in flight).
 template <int KIND, int THREADS, int TPR, int R, int U, int NV>
@@ -150,9 +163,11 @@ struct RowMajorFamily {
   static_assert(!kMma || (TPR % 4 == 0 && THREADS % (8 * TPR) == 0 && NV == 16),
                 "tensor-core configs: P1 = 4 x warps along K, whole warps along M, 16 vectors");
   static constexpr bool kTrans = false;
-  static constexpr bool kPipelined = KIND == 1 || KIND == 3 || KIND == 5;
-  static constexpr bool kPrefetch = KIND >= 4;
+  static constexpr bool kPipelined = KIND == 1 || KIND == 3 || KIND == 5 || KIND == 7;
+  static constexpr bool kPrefetch = KIND == 4 || KIND == 5;
+  static constexpr bool kLean = KIND >= 6;
   static_assert(!kPrefetch || NV == 1, "Prefetch configs: one vector (the kernel's prologue is for NV = 1)");
+  static_assert(!kLean || NV == 1, "Lean configs: one vector");
   static constexpr bool kTensorCores = kMma;
   static constexpr int kThreads = THREADS, kNV = NV;
   // K is cut into 16-byte chunks (elements in the scalar variant).
@@ -178,6 +193,14 @@ struct RowMajorFamily {
     } else {
       Args b = a;
       b.prefetch_blocks = prefetching<T, VEC>(grid);
+      if constexpr (kLean && VEC) {
+        kernels::LeanArgs l;
+        if (lean_args(b, int(16 / sizeof(T)), &l)) {
+          launch_kernel(kernels::gemv_rowmajor<T, THREADS, TPR, R, U, 1, kPipelined, true, kernels::LeanArgs>,
+                        grid, THREADS, s, l);
+          return;
+        }
+      }
       launch_kernel(kCudaCores<T, VEC>, grid, THREADS, s, b);
     }
   }
@@ -194,6 +217,10 @@ template <int THREADS, int TPR, int R, int U, int NV>
 using RowMajorPrefetch = RowMajorFamily<4, THREADS, TPR, R, U, NV>;
 template <int THREADS, int TPR, int R, int U, int NV>
 using RowMajorPipelinedPrefetch = RowMajorFamily<5, THREADS, TPR, R, U, NV>;
+template <int THREADS, int TPR, int R, int U, int NV>
+using RowMajorLean = RowMajorFamily<6, THREADS, TPR, R, U, NV>;
+template <int THREADS, int TPR, int R, int U, int NV>
+using RowMajorPipelinedLean = RowMajorFamily<7, THREADS, TPR, R, U, NV>;
 
 // MMA = false: CUDA cores, P2 = 1. MMA = true: tensor cores (gemv_mma_t; fp32 as 3xTF32) on the
 // 16-byte body, P2 = 32-column tiles per warp. PIPE: software-pipelined W loads (CUDA cores: one
@@ -829,39 +856,42 @@ bool tma_for(const Problem& p, int splits) {
   }
 }
 
-// Whether the launch of a config would ask L2 for its first W before waiting (Args::prefetch_blocks).
+// kPathPrefetch and kPathLean of a launch (launch.h): the row-major CUDA-core families only.
 template <typename Fam>
-bool prefetch_for(const Problem& p, int splits) {
+int rowmajor_paths(const Problem& p, int splits) {
   if constexpr (IsQuant<Fam>::value || Fam::kTrans || Fam::kTensorCores) {
-    return false;
-  } else if constexpr (!Fam::kPrefetch) {
-    return false;
+    return 0;
+  } else if constexpr (!Fam::kPrefetch && !Fam::kLean) {
+    return 0;
   } else {
-    if (p.trans || p.wbits != 0 || p.K == 0) return false;
+    if (p.trans || p.wbits != 0 || p.K == 0) return 0;
     auto flags = [&](auto t) {
       using T = decltype(t);
       const bool vec = vector_ok(p);
       Args a = make_args(p);
       const int64_t gx = plan_grid<Fam, T>(p, vec, splits, a);
       const dim3 grid(unsigned(gx), unsigned(a.splits), unsigned(std::min(kMaxGridZ, p.groups * a.vchunks)));
-      return vec ? Fam::template prefetching<T, true>(grid) : Fam::template prefetching<T, false>(grid);
+      a.prefetch_blocks = vec ? Fam::template prefetching<T, true>(grid) : Fam::template prefetching<T, false>(grid);
+      kernels::LeanArgs l;
+      const bool lean = Fam::kLean && vec && lean_args(a, int(16 / sizeof(T)), &l);
+      return (a.prefetch_blocks != 0 ? kPathPrefetch : 0) | (lean ? kPathLean : 0);
     };
     switch (p.dtype) {
       case DType::kFloat32:
-        return flags(float{}) != 0;
+        return flags(float{});
       case DType::kFloat16:
-        return flags(__half{}) != 0;
+        return flags(__half{});
       case DType::kBFloat16:
-        return flags(__nv_bfloat16{}) != 0;
+        return flags(__nv_bfloat16{});
     }
-    return false;
+    return 0;
   }
 }
 
-// The launch paths of a config for a problem (launch.h: kPathTma, kPathPrefetch).
+// The launch paths of a config for a problem (launch.h: kPathTma, kPathPrefetch, kPathLean).
 template <typename Fam>
 int paths_for(const Problem& p, int splits) {
-  return (tma_for<Fam>(p, splits) ? kPathTma : 0) | (prefetch_for<Fam>(p, splits) ? kPathPrefetch : 0);
+  return (tma_for<Fam>(p, splits) ? kPathTma : 0) | rowmajor_paths<Fam>(p, splits);
 }
 
 template <typename Fam>

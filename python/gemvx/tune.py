@@ -22,7 +22,8 @@ partly in L2 when a rotation of 4x L2 comes back to it; benchmarks/NOTES.md.)
 Which candidates run: batch 1 takes the configs with ``max_vectors == 1``, batches > 1 the
 multi-vector ones (W read once per pass); ``--all-configs`` runs every config of the layout.
 Split counts 1, 2, 4, ... 256 are tried as far as the launcher uses them (``effective_splits``:
-every split keeps a full unrolled step per lane, so K limits them). The config the current table
+every split keeps a full unrolled step per lane, so K limits them); the Lean configs only
+unsplit (split, they run their twin's kernel unchanged). The config the current table
 picks is always timed too, to report what the new table gains. Among results within 1% of the fastest, the fewest splits win (no
 workspace and no second kernel for eager callers).
 
@@ -198,7 +199,9 @@ def candidates(p: Point, *, all_configs: bool = False) -> list[tuple[int, int]]:
     prob = _problem(p)
     out = []
     for c in cfgs:
-        for eff in dict.fromkeys(effective_splits(prob, c["id"], s) for s in SPLITS):
+        # A Lean config that splits K runs its twin's kernel as it is: the twin's timing.
+        splits = (1,) if c.get("family", "").endswith("Lean") else SPLITS
+        for eff in dict.fromkeys(effective_splits(prob, c["id"], s) for s in splits):
             out.append((c["id"], eff))
     return out
 

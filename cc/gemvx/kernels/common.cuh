@@ -43,6 +43,22 @@ struct Args {
 static_assert(offsetof(Args, y) == 112,
               "Args: the fields read before the first load must stay in the first 112 bytes");
 
+// The argument block of one plain GEMV on the row-major CUDA-core kernel (gemv_rowmajor.cuh):
+// y = alpha W x (+ beta y_in), one vector, one matrix, no split, K a whole number of 16-byte
+// chunks, 32-bit sizes (launch_impl.cuh, lean_args). Everything but y_in (read only when
+// beta != 0) lies in the first 48 bytes: one 64-byte line of the constant bank (kernel parameters
+// start 16 bytes into one on sm_90), where Args needs two before the first load and a third for
+// the store.
+struct LeanArgs {
+  const void* W;
+  const void* x;
+  void* y;
+  int32_t M, K, ldw;
+  float alpha, beta;
+  const void* y_in;
+};
+static_assert(offsetof(LeanArgs, y_in) == 48, "LeanArgs: the fields every call reads in 48 bytes");
+
 // Raw storage for one load: 16 bytes in the vector body, one element in the scalar path.
 template <typename T, bool VEC>
 using Raw = std::conditional_t<VEC, uint4, T>;
@@ -158,7 +174,7 @@ __device__ __forceinline__ float group_sum(float v) {
 // What one block works on: its split of K (blockIdx.y), its matrix g and its first vector v0 of the
 // nv (<= NV) vectors it handles (blockIdx.z, offset by the launch's z_offset), and the matching
 // starts of W and x.
-template <typename T, int NV>
+template <typename T, int NV, typename P = Args>
 struct BlockWork {
   int split;
   int64_t g, v0;
@@ -179,6 +195,16 @@ struct BlockWork {
     W = static_cast<const T*>(a.W) + g * a.w_group;
     X = static_cast<const T*>(a.x) + g * a.x_group + v0 * a.x_vec;
   }
+};
+// LeanArgs: one block row of one GEMV.
+template <typename T>
+struct BlockWork<T, 1, LeanArgs> {
+  static constexpr int split = 0, nv = 1;
+  static constexpr int64_t g = 0, v0 = 0;
+  const T* W;
+  const T* X;
+  __device__ __forceinline__ explicit BlockWork(const LeanArgs& a)
+      : W(static_cast<const T*>(a.W)), X(static_cast<const T*>(a.x)) {}
 };
 
 // Args::prefetch_blocks: before pdl_wait(), each of the grid's first prefetch_blocks blocks (the
@@ -234,6 +260,13 @@ __device__ __forceinline__ void store_output(const Args& a, int split, int64_t g
     out += a.beta * to_float(yi[g * a.y_in_group + v * a.y_in_vec + m]);
   }
   static_cast<T*>(a.y)[g * a.y_group + v * a.y_vec + m] = from_float<T>(out);
+}
+template <typename T>
+__device__ __forceinline__ void store_output(const LeanArgs& a, int, int64_t, int64_t, int64_t m,
+                                             float acc) {
+  float out = a.alpha * acc;
+  if (a.beta != 0.0f) out += a.beta * to_float(static_cast<const T*>(a.y_in)[m]);
+  static_cast<T*>(a.y)[m] = from_float<T>(out);
 }
 
 }  // namespace kernels
