@@ -111,9 +111,9 @@
   X(53, TransposedMma, 256, 32, 2, 2, 16)     \
   X(54, TransposedMma, 128, 8, 1, 4, 16)      \
   X(57, RowMajorMmaPipelined, 128, 4, 1, 2, 16) \
+  X(58, RowMajorMmaPipelined, 128, 4, 1, 4, 16) \
   X(59, RowMajorLean, 256, 64, 1, 4, 1)       \
   X(60, RowMajorLean, 256, 128, 1, 4, 1)      \
-  X(58, RowMajorMmaPipelined, 128, 4, 1, 4, 16) \
   X(61, RowMajorMmaPipelined, 256, 16, 1, 2, 16) \
   X(62, RowMajorLean, 128, 128, 1, 4, 1)      \
   X(63, RowMajorPipelinedLean, 128, 32, 1, 2, 1) \
