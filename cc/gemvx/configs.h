@@ -16,7 +16,9 @@
 //   RowMajorLean, RowMajorPipelinedLean: RowMajor and RowMajorPipelined (the same kernels), which
 //              run a plain GEMV (one vector, one matrix, no split, K a whole number of 16-byte
 //              chunks) with the lean argument block (kernels/common.cuh, LeanArgs: one constant-bank
-//              line, 32-bit indices): for the table to take where that pays (small W).
+//              line, 32-bit indices): for the table to take where that pays (small W). A lane's
+//              last chunks (fewer than UNROLL) are loaded together. Config 85's geometry has no
+//              RowMajor twin: its other calls run its own full-block kernel.
 //   RowMajorMma: several vectors on tensor cores (fp16/bf16; fp32 as three tf32 mma per product,
 //              to fp32 accuracy: kernels/gemv_mma.cuh). P1 = 4 x the warps that split K (the other
 //              warps take more rows), P2 = 8-row tiles per warp, NV = 16.
@@ -138,6 +140,7 @@
   X(82, RowMajorPrefetch, 64, 64, 1, 4, 1) \
   X(83, RowMajorPrefetch, 128, 128, 1, 4, 1) \
   X(84, RowMajorPipelinedPrefetch, 128, 128, 1, 4, 1) \
+  X(85, RowMajorLean, 256, 256, 1, 2, 1)      \
   X(86, RowMajorPipelined, 128, 32, 1, 2, 1)  \
   X(87, TransposedPipelined, 256, 8, 1, 4, 1) \
   X(88, TransposedPipelined, 512, 16, 1, 4, 1) \

@@ -23,7 +23,7 @@ Which candidates run: batch 1 takes the configs with ``max_vectors == 1``, batch
 multi-vector ones (W read once per pass); ``--all-configs`` runs every config of the layout.
 Split counts 1, 2, 4, ... 256 are tried as far as the launcher uses them (``effective_splits``:
 every split keeps a full unrolled step per lane, so K limits them); the Lean configs only
-unsplit (split, they run their twin's kernel unchanged). The config the current table
+unsplit (split, they run the full-block kernel of the same geometry unchanged). The config the current table
 picks is always timed too, to report what the new table gains. Among results within 1% of the fastest, the fewest splits win (no
 workspace and no second kernel for eager callers).
 
@@ -199,7 +199,7 @@ def candidates(p: Point, *, all_configs: bool = False) -> list[tuple[int, int]]:
     prob = _problem(p)
     out = []
     for c in cfgs:
-        # A Lean config that splits K runs its twin's kernel as it is: the twin's timing.
+        # A Lean config that splits K runs the full-block kernel of its geometry as it is.
         splits = (1,) if c.get("family", "").endswith("Lean") else SPLITS
         for eff in dict.fromkeys(effective_splits(prob, c["id"], s) for s in splits):
             out.append((c["id"], eff))

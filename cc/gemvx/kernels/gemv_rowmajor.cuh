@@ -13,7 +13,9 @@
 // variant reads its fields from one 64-byte line of the constant bank and indexes with 32-bit
 // integers: 26 SASS instructions before the first load instead of 148 (fp16, config 63 against
 // its twin 86), 9-13% less time per call at W of 0.5-2 MiB on an H100 (benchmarks/NOTES.md,
-// "The lean argument block").
+// "The lean argument block"). The lean variant also loads a lane's last chunks (fewer than U)
+// together instead of one at a time: at K of 2-3 chunks a lane, one load's latency instead of two
+// or three (NOTES, "The lean tail").
 #pragma once
 
 #include "common.cuh"
@@ -152,14 +154,36 @@ __global__ void __launch_bounds__(THREADS) gemv_rowmajor(const __grid_constant__
       for (int u = 0; u < U; ++u) fma_chunk(w[u], xc[u]);
     }
   }
-  for (; c < c_end; c += TPR) {
-    Chunk w[R];
-    Chunk xc[NV];
+  if constexpr (LEAN) {
+    // Fewer than U chunks of the lane are left: issue all their loads before any math, as the
+    // steps above do (a loop of single loads waits out one load's latency per chunk, which is
+    // most of the kernel when a lane has only one or two steps' worth of K).
+    if (c < c_end) {
+      Chunk w[U][R];
+      Chunk xc[U][NV];
 #pragma unroll
-    for (int j = 0; j < R; ++j) w[j] = load_stream(reinterpret_cast<const Chunk*>(wrow[j]) + c);
+      for (int u = 0; u < U; ++u) {
+        if (c + u * TPR < c_end) {
 #pragma unroll
-    for (int v = 0; v < NV; ++v) xc[v] = load_keep(reinterpret_cast<const Chunk*>(xv[v]) + c);
-    fma_chunk(w, xc);
+          for (int j = 0; j < R; ++j)
+            w[u][j] = load_stream(reinterpret_cast<const Chunk*>(wrow[j]) + c + u * TPR);
+          xc[u][0] = load_keep(reinterpret_cast<const Chunk*>(xv[0]) + c + u * TPR);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        if (c + u * TPR < c_end) fma_chunk(w[u], xc[u]);
+    }
+  } else {
+    for (; c < c_end; c += TPR) {
+      Chunk w[R];
+      Chunk xc[NV];
+#pragma unroll
+      for (int j = 0; j < R; ++j) w[j] = load_stream(reinterpret_cast<const Chunk*>(wrow[j]) + c);
+#pragma unroll
+      for (int v = 0; v < NV; ++v) xc[v] = load_keep(reinterpret_cast<const Chunk*>(xv[v]) + c);
+      fma_chunk(w, xc);
+    }
   }
   pdl_trigger();
   // Scalar tail (K % VW elements), done once, by the last split (LeanArgs: K % VW == 0).
