@@ -215,7 +215,7 @@ def test_default_grid_fits_the_time_budget() -> None:
     about 1.5 more minutes; config 99, for fp32 layout T at short K, about 0.5 minute; the L2
     flush for every point whose copies stay below 32x L2, not 4x, about 1.5 minutes; 19.9 minutes
     before the Lean configs, which add one unsplit timing each at batch 1, about 10 seconds for
-    eleven; config 85 about 1 second more.)"""
+    eleven, and config 85 one more such timing per point.)"""
     pts = tune.grid()
     n = [len(tune.candidates(p)) for p in pts]
     est = tune.estimate_seconds(pts, n, 60 << 20)

@@ -156,8 +156,8 @@ __global__ void __launch_bounds__(THREADS) gemv_rowmajor(const __grid_constant__
   }
   if constexpr (LEAN) {
     // Fewer than U chunks of the lane are left: issue all their loads before any math, as the
-    // steps above do (a loop of single loads waits out one load's latency per chunk, which is
-    // most of the kernel when a lane has only one or two steps' worth of K).
+    // steps above do (a loop of single loads waits out one load's latency per chunk, most of the
+    // kernel's time when a lane's whole share of K is two or three chunks).
     if (c < c_end) {
       Chunk w[U][R];
       Chunk xc[U][NV];
