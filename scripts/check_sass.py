@@ -60,8 +60,14 @@ check_mma = by_dtype(MMA, "tensor-core", ("LDG.E.NA.128",), "HMMA.16816.F32", "H
 check_tile = by_dtype(TILE, "tile", ("LDGSTS", "LDSM"), "HMMA.16816.F32", "HMMA.1688.F32.TF32")
 # TMA kernels: tensor-map copies (UTMALDG) read back with 128-bit shared loads (LDS.128) into HMMA.
 check_quant_tma = needs_ops("TMA", ("UTMALDG", "LDS.128", "HMMA.16816.F32"))
-# The layout-T TMA kernel: tensor-map copies read back with ldmatrix into HMMA.
-check_tma_t = needs_ops("TMA", ("UTMALDG", "LDSM", "HMMA.16816.F32"))
+# The layout-T TMA kernel: tensor-map copies read back with ldmatrix into HMMA (fp32: 64-bit
+# shared loads of x and the tf32 mma).
+_tma_t16 = needs_ops("TMA", ("UTMALDG", "LDSM", "HMMA.16816.F32"))
+_tma_t32 = needs_ops("TMA", ("UTMALDG", "LDS.64", "HMMA.1688.F32.TF32"))
+
+
+def check_tma_t(name: str, body: str) -> str | None:
+    return (_tma_t32 if TTMA.search(name).group(1) == "f" else _tma_t16)(name, body)
 
 
 def check_quant(name: str, body: str) -> str | None:

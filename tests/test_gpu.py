@@ -373,7 +373,7 @@ def test_lean_configs(cp: Any, rng: np.random.Generator, cfg_id: int, dtype: str
 TMA_T = [c["id"] for c in CONFIGS if c["family"] == "TransposedTma"]
 
 
-@pytest.mark.parametrize("cfg_id,dtype,case", cases(TMA_T, ("float16", "bfloat16"),
+@pytest.mark.parametrize("cfg_id,dtype,case", cases(TMA_T, ("float16", "bfloat16", "float32"),
                                                     ("whole", "split", "beta", "odd_k", "odd_m", "odd_m_one_vector",
                                                      "odd_x_stride")))
 def test_tma_transposed(cp: Any, rng: np.random.Generator, cfg_id: int, dtype: str, case: str) -> None:
@@ -382,9 +382,10 @@ def test_tma_transposed(cp: Any, rng: np.random.Generator, cfg_id: int, dtype: s
     fill), 19 vectors (a full chunk of 16 and a partial one), split-K, beta; W rows not on 16 bytes
     (odd M) and x rows not on 16 bytes take the CUDA-core kernel. odd_m_one_vector: an odd M in
     padded rows of W (the TMA kernel) and one vector, so y's one row ends in a partial 16-byte
-    piece. The poisoned output shows any element not written."""
+    piece. float32 takes boxes of 32 columns, two boxes of x a stage and the tf32 mma. The
+    poisoned output shows any element not written."""
     cfg = CONFIG_BY_ID[cfg_id]
-    cols, rows = 8 * cfg["p1"], 8 * cfg["p2"]  # per block, per stage
+    cols, rows = 16 // np.dtype(np_dtype(dtype)).itemsize * cfg["p1"], 8 * cfg["p2"]  # per block, per stage
     M = 2 * cols + 24 + (3 if case.startswith("odd_m") else 0)
     K = {"split": 7 * rows + 8, "odd_k": 3 * rows + 13}.get(case, 3 * rows + 24)
     splits = 3 if case == "split" else 1

@@ -43,9 +43,10 @@
 //              tf32 mma per product.
 //   TransposedTma: TransposedTile on Hopper with W and x streamed by the TMA unit's bulk copies
 //              (kernels/gemv_tma_t.cuh): THREADS - 32 consumer threads and a producer warp, P1 =
-//              16-byte column chunks per block (whole 64-column boxes), P2 = 8 (64 rows of W per
-//              stage), UNROLL = stages, NV = 16. Other GPUs, fp32 and operands the copies cannot take run the Transposed
-//              kernel with THREADS - 32 threads and the same columns.
+//              16-byte column chunks per block (whole boxes of 128-byte rows), P2 = 8 (64 rows of W
+//              per stage), UNROLL = stages, NV = 16; fp32 as three tf32 mma per product. Other GPUs
+//              and operands the copies cannot take run the Transposed kernel with THREADS - 32
+//              threads and the same columns.
 //   Quant      (layout N, weight-only quantised W: int8, or int4 packed two per byte along K;
 //              tensor-core mma.m16n8k16 with fp32 accumulation): P1 = lanes that walk a row, four
 //              per warp (P1 / 4 warps split K for the same 16 rows), P2 = 16-row tiles per warp,

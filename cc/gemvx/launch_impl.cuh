@@ -362,9 +362,9 @@ inline EncodeTiled encode_tiled() {
 
 // Layout T, 16 vectors on tensor cores, W and x streamed by the TMA (kernels/gemv_tma_t.cuh):
 // THREADS - 32 consumer threads and a producer warp, P1 = BMC 16-byte column chunks per block
-// (whole 64-column boxes), P2 = 8 (64 rows of W per stage), U = S stages. Runs on Hopper with
-// 16-bit types and operands the TMA takes (plan); otherwise the CUDA-core kernel runs with
-// THREADS - 32 threads and the same columns per block and splits.
+// (whole boxes of 128-byte rows: 64 columns of a 16-bit type, 32 of fp32), P2 = 8 (64 rows of W
+// per stage), U = S stages. Runs on Hopper with operands the TMA takes (plan); otherwise the
+// CUDA-core kernel runs with THREADS - 32 threads and the same columns per block and splits.
 template <int THREADS, int BMC, int BKC, int S, int NV>
 struct TransposedTma {
   static_assert(NV == 16 && 8 * BKC == kernels::kTmaTRows, "TMA configs: 16 vectors, 64 rows per stage");
@@ -372,7 +372,8 @@ struct TransposedTma {
   static constexpr bool kPipelined = true;
   static constexpr bool kTensorCores = true;
   static constexpr int kThreads = THREADS, kNV = NV;
-  static constexpr int kSmem = kernels::tma_t_smem_bytes<BMC, S>();
+  template <typename T>
+  static constexpr int kSmem = kernels::tma_t_smem_bytes<T, BMC, S>();
   static int64_t k_units(const Problem& p, int) { return p.K; }
   static int64_t min_units_per_split() { return 8 * BKC; }
   static int64_t round_span(int64_t s) { return (s + 8 * BKC - 1) / (8 * BKC) * (8 * BKC); }
@@ -380,22 +381,23 @@ struct TransposedTma {
   template <typename T>
   static constexpr auto kKernel = kernels::gemv_tma_t<T, THREADS, BMC, S>;
 
-  // The TMA kernel's argument for a launch of the 16-byte body of a 16-bit type (the tensor maps
-  // of W and x), or false where it cannot take it: not Hopper, operands or strides not on 16
-  // bytes, or too little shared memory.
+  // The TMA kernel's argument for a launch of the 16-byte body (the tensor maps of W and x), or
+  // false where it cannot take it: not Hopper, operands or strides not on 16 bytes, or too little
+  // shared memory.
   template <typename T>
   static bool plan(const Args& a, kernels::TmaTArgs* t) {
     const EncodeTiled encode = encode_tiled();
     auto a16 = [](const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; };
     if (!device_info().hopper || encode == nullptr || !a16(a.W) || !a16(a.x)) return false;
     // Byte strides; a dimension of one entry takes any multiple of 16.
-    const int64_t ldw = a.K > 1 ? 2 * a.ldw : (2 * a.M + 15) / 16 * 16;
-    const int64_t w_group = a.groups > 1 ? 2 * a.w_group : ldw * a.K;
-    const int64_t x_vec = a.nvec > 1 ? 2 * a.x_vec : (2 * a.K + 15) / 16 * 16;
-    const int64_t x_group = a.groups > 1 ? 2 * a.x_group : x_vec * a.nvec;
+    constexpr int64_t sz = sizeof(T);
+    const int64_t ldw = a.K > 1 ? sz * a.ldw : (sz * a.M + 15) / 16 * 16;
+    const int64_t w_group = a.groups > 1 ? sz * a.w_group : ldw * a.K;
+    const int64_t x_vec = a.nvec > 1 ? sz * a.x_vec : (sz * a.K + 15) / 16 * 16;
+    const int64_t x_group = a.groups > 1 ? sz * a.x_group : x_vec * a.nvec;
     if (ldw % 16 != 0 || w_group % 16 != 0 || x_vec % 16 != 0 || x_group % 16 != 0) return false;
     static std::atomic<int8_t> state[64] = {};
-    if (!smem_ok(kKernel<T>, kSmem, state)) return false;
+    if (!smem_ok(kKernel<T>, kSmem<T>, state)) return false;
     *t = kernels::TmaTArgs{};
     t->a = a;
     const cuuint32_t step[3] = {1, 1, 1};
@@ -404,23 +406,25 @@ struct TransposedTma {
       const cuuint64_t dims[3] = {d0, d1, d2};
       const cuuint64_t strides[2] = {cuuint64_t(s1), cuuint64_t(s2)};
       const cuuint32_t box[3] = {b0, b1, 1};
-      return encode(m, CU_TENSOR_MAP_DATA_TYPE_UINT16, 3, const_cast<void*>(base), dims, strides, box, step,
+      return encode(m, sz == 4 ? CU_TENSOR_MAP_DATA_TYPE_UINT32 : CU_TENSOR_MAP_DATA_TYPE_UINT16, 3,
+                    const_cast<void*>(base), dims, strides, box, step,
                     CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                     pr, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
     };
     // W in 128-byte L2 promotions (read with evict_first, 256 ran up to 6% slower across a rotation of
     // 4x L2, which the policy partly kept in L2; not measured again past 32x; benchmarks/NOTES.md)
-    return map(&t->wmap, a.W, cuuint64_t(a.M), cuuint64_t(a.K), cuuint64_t(a.groups), ldw, w_group, 64,
+    constexpr cuuint32_t e = kernels::tma_t_box_values<T>();
+    return map(&t->wmap, a.W, cuuint64_t(a.M), cuuint64_t(a.K), cuuint64_t(a.groups), ldw, w_group, e,
                kernels::kTmaTRows, CU_TENSOR_MAP_L2_PROMOTION_L2_128B) &&
-           map(&t->xmap, a.x, cuuint64_t(a.K), cuuint64_t(a.nvec), cuuint64_t(a.groups), x_vec, x_group,
-               kernels::kTmaTRows, 16, CU_TENSOR_MAP_L2_PROMOTION_L2_256B);
+           map(&t->xmap, a.x, cuuint64_t(a.K), cuuint64_t(a.nvec), cuuint64_t(a.groups), x_vec, x_group, e,
+               16, CU_TENSOR_MAP_L2_PROMOTION_L2_256B);
   }
   template <typename T, bool VEC>
   static void launch(dim3 grid, cudaStream_t s, const Args& a) {
-    if constexpr (VEC && sizeof(T) == 2) {
+    if constexpr (VEC) {
       kernels::TmaTArgs t;
       if (plan<T>(a, &t)) {
-        launch_kernel(kKernel<T>, grid, THREADS, s, t, kSmem);
+        launch_kernel(kKernel<T>, grid, THREADS, s, t, kSmem<T>);
         return;
       }
     }
@@ -834,10 +838,11 @@ Status run(const Problem& p, int splits, void* ws, std::size_t ws_size, cudaStre
 template <typename Fam>
 bool tma_for(const Problem& p, int splits) {
   if constexpr (IsTransposedTma<Fam>::value) {
-    if (!p.trans || p.wbits != 0 || p.dtype == DType::kFloat32 || !vector_ok(p) || p.K == 0) return false;
+    if (!p.trans || p.wbits != 0 || !vector_ok(p) || p.K == 0) return false;
     (void)splits;
     kernels::TmaTArgs t;
-    return Fam::template plan<__half>(make_args(p), &t);
+    return p.dtype == DType::kFloat32 ? Fam::template plan<float>(make_args(p), &t)
+                                      : Fam::template plan<__half>(make_args(p), &t);
   } else if constexpr (!IsQuantTma<Fam>::value) {
     return false;
   } else {

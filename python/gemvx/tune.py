@@ -194,8 +194,6 @@ def candidates(p: Point, *, all_configs: bool = False) -> list[tuple[int, int]]:
         else:
             sel = [c for c in cfgs if (int(c.get("max_vectors", 1)) > 1) == (p.batch > 1)]
         cfgs = sel or cfgs
-        if p.dtype == "float32":  # their TMA kernel takes 16-bit types; float32 would time a fallback
-            cfgs = [c for c in cfgs if c.get("family") != "TransposedTma"] or cfgs
     prob = _problem(p)
     out = []
     for c in cfgs:

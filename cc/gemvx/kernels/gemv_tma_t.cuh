@@ -18,10 +18,19 @@
 // zeros: columns past M, vectors past the block's and the last split's rows past K all add
 // nothing. Splits other than the last hold whole stages.
 //
+// fp32 (3xTF32 on mma.m16n8k8.tf32, as gemv_tile_t.cuh): a 128-byte row holds E = 32 values, so
+// a box of W is 32 columns and a stage's x is two boxes of 32 k. ldmatrix cannot transpose 32-bit
+// elements: lane (g, t) reads its B words with 32-bit shared loads, and the k step's slots t and
+// t + 4 take stage rows 2t and 2t + 1 (the same order for A and B leaves the sum as it is). The
+// rows a load reads are then 0, 2, 4, 6 (b0) or 1, 3, 5, 7 (b1) mod 8, whose swizzles send the
+// two 16-byte chunks of an 8-column tile to eight different chunks: no bank conflict. A lane's
+// a0, a2 (and a1, a3) are then x[g][2t], x[g][2t + 1] of the step, one 8-byte load. The big.big
+// sums of two k steps go to the accumulator on the CUDA cores, the small terms into their own.
+//
 // Requirements, checked by the launcher (which otherwise runs the CUDA-core kernel with the same
-// columns per block): compute capability 9.0, 16-bit types, W and x 16-byte aligned, W's row and
-// matrix strides and x's vector and matrix strides multiples of 16 bytes, and the ring within a
-// block's shared memory.
+// columns per block): compute capability 9.0, W and x 16-byte aligned, W's row and matrix strides
+// and x's vector and matrix strides multiples of 16 bytes, and the ring within a block's shared
+// memory.
 #pragma once
 
 #include "gemv_tile_t.cuh"
@@ -30,36 +39,46 @@
 namespace gemvx {
 namespace kernels {
 
-// The kernel's one argument: the tensor maps of W (2-byte elements: dims M, K, groups; box 64 x 64
-// x 1) and x (dims K, vectors, groups; box 64 x 16 x 1), and the call. The maps must live in
-// kernel parameter space (64-byte aligned).
+// The kernel's one argument: the tensor maps of W (dims M, K, groups; box E x 64 x 1, E = 128 /
+// the element's bytes) and x (dims K, vectors, groups; box E x 16 x 1), and the call. The maps must
+// live in kernel parameter space (64-byte aligned).
 struct TmaTArgs {
   CUtensorMap wmap, xmap;
   Args a;
 };
 
-constexpr int kTmaTRows = 64;  // rows of W (k) per stage: one 128-byte swizzled row of x per vector
+constexpr int kTmaTRows = 64;  // rows of W (k) per stage
 
-// Dynamic shared memory of one block: S stages of BN / 64 boxes of W and one of x, and 1 KiB to
-// align the ring to the 1024 bytes of the swizzle pattern.
-template <int BMC, int S>
+// Values of type T in one 128-byte (swizzled) row of a box: the columns of a W box, the k of an x
+// box.
+template <typename T>
+constexpr int tma_t_box_values() {
+  return 128 / int(sizeof(T));
+}
+// Dynamic shared memory of one block: S stages of W (BMC 16-byte chunks x 64 rows) and x (16
+// vectors x 64 values), and 1 KiB to align the ring to the 1024 bytes of the swizzle pattern.
+template <typename T, int BMC, int S>
 constexpr int tma_t_smem_bytes() {
-  return S * (BMC / 8 * kTmaTRows * 128 + 16 * 128) + 1024;
+  return S * (BMC * 16 * kTmaTRows + 16 * kTmaTRows * int(sizeof(T))) + 1024;
 }
 
 template <typename T, int THREADS, int BMC, int S>
 __global__ void __launch_bounds__(THREADS, 1) gemv_tma_t(const __grid_constant__ TmaTArgs p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int NV = 16;
-  constexpr int CW = THREADS / 32 - 1;  // consumer warps; the last warp produces
-  constexpr int BN = 8 * BMC;           // columns per block
-  constexpr int WN = BN / CW;           // columns per consumer warp
+  constexpr bool kF32 = std::is_same<T, float>::value;
+  constexpr int E = tma_t_box_values<T>();  // columns of a W box, k of an x box
+  constexpr int CW = THREADS / 32 - 1;      // consumer warps; the last warp produces
+  constexpr int BN = 16 / int(sizeof(T)) * BMC;  // columns per block
+  constexpr int WN = BN / CW;               // columns per consumer warp
   constexpr int KR = kTmaTRows;
-  constexpr int BOX = KR * 128;         // bytes of one 64-column box of W
-  constexpr int W_BYTES = BN / 64 * BOX;
-  constexpr int STAGE = W_BYTES + NV * 128;
-  static_assert(sizeof(T) == 2 && CW >= 1 && BN % 64 == 0 && BN % CW == 0 && WN % 16 == 0 && S >= 2,
-                "gemv_tma_t: 16-bit types, whole boxes, 16-column pairs of tiles per consumer warp");
+  constexpr int BOX = KR * 128;             // bytes of one box of W
+  constexpr int W_BYTES = BN / E * BOX;
+  constexpr int X_BOX = NV * 128;           // bytes of one box of x
+  constexpr int STAGE = W_BYTES + KR / E * X_BOX;
+  static_assert(S * STAGE + 1024 == tma_t_smem_bytes<T, BMC, S>(), "gemv_tma_t: the ring's size");
+  static_assert(CW >= 1 && BN % E == 0 && BN % CW == 0 && WN % (kF32 ? 8 : 16) == 0 && S >= 2,
+                "gemv_tma_t: whole boxes, whole tiles (16-bit: pairs of tiles) per consumer warp");
   extern __shared__ __align__(128) uint8_t tma_t_ring[];
   __shared__ __align__(8) uint64_t full[S], empty[S];
   const Args& a = p.a;
@@ -97,61 +116,90 @@ __global__ void __launch_bounds__(THREADS, 1) gemv_tma_t(const __grid_constant__
         const uint32_t dst = ring + uint32_t(s) * STAGE, bar = full0 + 8 * s;
         tma::expect(bar, STAGE);
 #pragma unroll
-        for (int b = 0; b < BN / 64; ++b)
-          tma::box_hint(dst + b * BOX, &p.wmap, int(col0) + 64 * b, k0, int(g), bar, policy);
-        tma::box(dst + W_BYTES, &p.xmap, k0, int(v0), int(g), bar);
+        for (int b = 0; b < BN / E; ++b)
+          tma::box_hint(dst + b * BOX, &p.wmap, int(col0) + E * b, k0, int(g), bar, policy);
+#pragma unroll
+        for (int b = 0; b < KR / E; ++b) tma::box(dst + W_BYTES + b * X_BOX, &p.xmap, k0 + E * b, int(v0), int(g), bar);
       }
     }
     pdl_trigger();
     return;
   }
 
-  float acc[WN / 8][4];
+  float acc[WN / 8][4], accs[WN / 8][4];  // accs: fp32's small terms
 #pragma unroll
   for (int j = 0; j < WN / 8; ++j)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) acc[j][i] = 0.0f;
+    for (int i = 0; i < 4; ++i) acc[j][i] = accs[j][i] = 0.0f;
 
-  // ldmatrix rows of this lane: vector (A) or row of the 16-k step (B) l % 8 + 8 ((l / 8) % 2),
-  // chunk + l / 16; the swizzle XORs the chunk with the row % 8 = l % 8.
-  const int r16 = lane % 8 + 8 * ((lane / 8) % 2), sw = lane % 8, hi = lane / 16;
-  const uint32_t xa = W_BYTES + 128 * r16;
-  const uint32_t wb = 128 * r16;
-  const int c0 = warp * (WN / 8) + hi;  // the warp's first 16-byte column chunk (of the block) + l / 16
 #pragma unroll 1
   for (int64_t st = 0; st < steps; ++st) {
     const int s = int(st % S);
     tma::wait(full0 + 8 * s, uint32_t(st / S) & 1u);
     const uint32_t base = ring + uint32_t(s) * STAGE;
+    if constexpr (kF32) {
+      // Lane (gq, t). B word of k step kk, tile j: stage row 8 kk + 2t (+ 1 for b1), column
+      // warp WN + 8 j + gq, in box col / 32 at chunk (col % 32) / 4 ^ (row % 8), word col % 4.
+      // A: vectors gq and gq + 8 at k 8 kk + 2t and + 1: box kk / 4, chunk 2 (kk % 4) + t / 2 ^ gq.
+      const int gq = lane / 4, t = lane % 4;
+      auto b_word = [&](int j, int odd) {  // byte offset in the stage, less k step kk's 1024
+        const int col = warp * WN + 8 * j + gq;
+        return (col / 32) * BOX + (2 * t + odd) * 128 + 16 * (((col % 32) / 4) ^ (2 * t + odd)) + 4 * (col % 4);
+      };
+      const uint8_t* const sb = tma_t_ring + (base - tma::addr(tma_t_ring));
+      tf32_step_pairs<KR / 8>(acc, [&](int kk, float (&part)[WN / 8][4]) {
+        const int xo = W_BYTES + (kk / 4) * X_BOX + 16 * ((2 * (kk % 4) + t / 2) ^ gq) + 8 * (t % 2);
+        const float2 xl = *reinterpret_cast<const float2*>(sb + xo + 128 * gq);
+        const float2 xh = *reinterpret_cast<const float2*>(sb + xo + 128 * (gq + 8));
+        const Tf32Pair ap[4] = {split_tf32(__float_as_uint(xl.x)), split_tf32(__float_as_uint(xh.x)),
+                                split_tf32(__float_as_uint(xl.y)), split_tf32(__float_as_uint(xh.y))};
 #pragma unroll
-    for (int kk = 0; kk < KR / 16; ++kk) {
-      uint32_t af[4];
-      ldsm_x4(af, base + xa + 16 * ((2 * kk + hi) ^ sw));
+        for (int j = 0; j < WN / 8; ++j) {
+          const uint8_t* const b = sb + 1024 * kk;
+          mma_tf32x3(part[j], accs[j], ap, split_tf32(*reinterpret_cast<const uint32_t*>(b + b_word(j, 0))),
+                     split_tf32(*reinterpret_cast<const uint32_t*>(b + b_word(j, 1))));
+        }
+      });
+    } else {
+      // ldmatrix rows of this lane: vector (A) or row of the 16-k step (B) l % 8 + 8 ((l / 8) % 2),
+      // chunk + l / 16; the swizzle XORs the chunk with the row % 8 = l % 8.
+      const int r16 = lane % 8 + 8 * ((lane / 8) % 2), sw = lane % 8, hi = lane / 16;
+      const uint32_t xa = W_BYTES + 128 * r16;
+      const uint32_t wb = 128 * r16;
+      const int c0 = warp * (WN / 8) + hi;  // the warp's first 16-byte column chunk (of the block) + l / 16
 #pragma unroll
-      for (int q = 0; q < WN / 16; ++q) {
-        const int c = c0 + 2 * q;
-        uint32_t bf[4];
-        ldsm_x4_trans(bf, base + (c / 8) * BOX + 16 * kk * 128 + wb + 16 * ((c % 8) ^ sw));
-        mma_16816(acc[2 * q], af, bf[0], bf[1], T{});
-        mma_16816(acc[2 * q + 1], af, bf[2], bf[3], T{});
+      for (int kk = 0; kk < KR / 16; ++kk) {
+        uint32_t af[4];
+        ldsm_x4(af, base + xa + 16 * ((2 * kk + hi) ^ sw));
+#pragma unroll
+        for (int q = 0; q < WN / 16; ++q) {
+          const int c = c0 + 2 * q;
+          uint32_t bf[4];
+          ldsm_x4_trans(bf, base + (c / 8) * BOX + 16 * kk * 128 + wb + 16 * ((c % 8) ^ sw));
+          mma_16816(acc[2 * q], af, bf[0], bf[1], T{});
+          mma_16816(acc[2 * q + 1], af, bf[2], bf[3], T{});
+        }
       }
     }
     __syncwarp();
     if (lane == 0) tma::arrive(empty0 + 8 * s);
   }
+  join_tf32<T, WN / 2>(&acc[0][0], &accs[0][0]);
   pdl_trigger();
 
-  // The outputs leave through shared memory where they can (16-byte rows of y): the ring is free
-  // once every consumer warp is past its last stage (the producer loaded no more than that).
-  constexpr int STAGED = 16 * (WN + 8) * int(sizeof(T));  // bytes per warp
-  static_assert(CW * STAGED <= S * STAGE, "the staged outputs fit in the ring");
-  if (rows_storable<T>(a)) {
-    asm volatile("bar.sync 1, %0;" ::"r"(CW * 32) : "memory");
-    T* stage = reinterpret_cast<T*>(tma_t_ring + (ring - tma::addr(tma_t_ring)) + warp * STAGED);
-    store_tile_rows<T, WN>(a, g, v0, nv, col0 + warp * WN, acc, stage);
-  } else {
-    store_tile<T, WN>(a, split, g, v0, nv, col0 + warp * WN, acc);
+  // The outputs leave through shared memory where they can (16-bit: 16-byte rows of y): the ring is
+  // free once every consumer warp is past its last stage (the producer loaded no more than that).
+  if constexpr (!kF32) {  // store_tile_rows stages 16-bit pairs
+    constexpr int STAGED = 16 * (WN + 8) * int(sizeof(T));  // bytes per warp
+    static_assert(CW * STAGED <= S * STAGE, "the staged outputs fit in the ring");
+    if (rows_storable<T>(a)) {
+      asm volatile("bar.sync 1, %0;" ::"r"(CW * 32) : "memory");
+      T* stage = reinterpret_cast<T*>(tma_t_ring + (ring - tma::addr(tma_t_ring)) + warp * STAGED);
+      store_tile_rows<T, WN>(a, g, v0, nv, col0 + warp * WN, acc, stage);
+      return;
+    }
   }
+  store_tile<T, WN>(a, split, g, v0, nv, col0 + warp * WN, acc);
 #endif
 }
 
