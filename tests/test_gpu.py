@@ -370,25 +370,27 @@ def test_lean_configs(cp: Any, rng: np.random.Generator, cfg_id: int, dtype: str
         assert got[cfg_id].tobytes() == got[twin].tobytes(), "differs from its twin"
 
 
-TMA_T = [c["id"] for c in CONFIGS if c["family"] == "TransposedTma"]
+TMA_T = [c["id"] for c in CONFIGS if c["family"].startswith("TransposedTma")]
 
 
 @pytest.mark.parametrize("cfg_id,dtype,case", cases(TMA_T, ("float16", "bfloat16", "float32"),
                                                     ("whole", "split", "beta", "odd_k", "odd_m", "odd_m_one_vector",
-                                                     "odd_x_stride")))
+                                                     "odd_x_stride", "many_tiles", "many_tiles_split")))
 def test_tma_transposed(cp: Any, rng: np.random.Generator, cfg_id: int, dtype: str, case: str) -> None:
     """The TMA kernel of layout T (kernels/gemv_tma_t.cuh) on Hopper: a partial last block of
     columns (boxes partly and wholly past M), a partial last stage (rows past K: the TMA's zero
     fill), 19 vectors (a full chunk of 16 and a partial one), split-K, beta; W rows not on 16 bytes
     (odd M) and x rows not on 16 bytes take the CUDA-core kernel. odd_m_one_vector: an odd M in
     padded rows of W (the TMA kernel) and one vector, so y's one row ends in a partial 16-byte
-    piece. float32 takes boxes of 32 columns, two boxes of x a stage and the tf32 mma. The
-    poisoned output shows any element not written."""
+    piece. float32 takes boxes of 32 columns, two boxes of x a stage and the tf32 mma.
+    many_tiles (and with split-K): 600 column tiles, more than fit on the GPU at once, so a
+    TransposedTmaLoop block takes several in turn. The poisoned output shows any element not
+    written."""
     cfg = CONFIG_BY_ID[cfg_id]
     cols, rows = 16 // np.dtype(np_dtype(dtype)).itemsize * cfg["p1"], 8 * cfg["p2"]  # per block, per stage
-    M = 2 * cols + 24 + (3 if case.startswith("odd_m") else 0)
-    K = {"split": 7 * rows + 8, "odd_k": 3 * rows + 13}.get(case, 3 * rows + 24)
-    splits = 3 if case == "split" else 1
+    M = (600 if case.startswith("many") else 2) * cols + 24 + (3 if case.startswith("odd_m") else 0)
+    K = {"split": 7 * rows + 8, "odd_k": 3 * rows + 13, "many_tiles": 2 * rows + 8}.get(case, 3 * rows + 24)
+    splits = {"split": 3, "many_tiles_split": 2}.get(case, 1)
     B = 1 if case == "odd_m_one_vector" else 19
     pad = (-M) % 8 + 8 if case == "odd_m_one_vector" else 0  # rows of M + pad elements: on 16 bytes
     W_base = random_array(rng, (K, M + pad), dtype)

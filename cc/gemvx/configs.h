@@ -47,6 +47,9 @@
 //              per stage), UNROLL = stages, NV = 16; fp32 as three tf32 mma per product. Other GPUs
 //              and operands the copies cannot take run the Transposed kernel with THREADS - 32
 //              threads and the same columns.
+//   TransposedTmaLoop: TransposedTma with a grid of the blocks that fit at once, each taking every
+//              gridDim.x-th column tile: its producer streams the next tile while its consumers
+//              store the last (many short tiles: short K, small blocks).
 //   Quant      (layout N, weight-only quantised W: int8, or int4 packed two per byte along K;
 //              tensor-core mma.m16n8k16 with fp32 accumulation): P1 = lanes that walk a row, four
 //              per warp (P1 / 4 warps split K for the same 16 rows), P2 = 16-row tiles per warp,
@@ -178,4 +181,6 @@
   X(119, QuantTma, 544, 256, 2, 4, 8)         \
   X(120, QuantTma, 416, 256, 2, 4, 8)         \
   X(121, QuantTma, 544, 256, 2, 2, 8)         \
-  X(122, QuantTma, 288, 256, 4, 4, 8)
+  X(122, QuantTma, 288, 256, 4, 4, 8)         \
+  X(123, TransposedTmaLoop, 160, 16, 8, 4, 16) \
+  X(124, TransposedTmaLoop, 288, 32, 8, 4, 16)

@@ -365,7 +365,9 @@ inline EncodeTiled encode_tiled() {
 // (whole boxes of 128-byte rows: 64 columns of a 16-bit type, 32 of fp32), P2 = 8 (64 rows of W
 // per stage), U = S stages. Runs on Hopper with operands the TMA takes (plan); otherwise the
 // CUDA-core kernel runs with THREADS - 32 threads and the same columns per block and splits.
-template <int THREADS, int BMC, int BKC, int S, int NV>
+// LOOP (TransposedTmaLoop): the TMA kernel's grid is as many blocks as fit at once over the
+// (split, group, vector-chunk) slices, each block taking every gridDim.x-th column tile.
+template <int THREADS, int BMC, int BKC, int S, int NV, bool LOOP = false>
 struct TransposedTma {
   static_assert(NV == 16 && 8 * BKC == kernels::kTmaTRows, "TMA configs: 16 vectors, 64 rows per stage");
   static constexpr bool kTrans = true;
@@ -379,7 +381,27 @@ struct TransposedTma {
   static int64_t round_span(int64_t s) { return (s + 8 * BKC - 1) / (8 * BKC) * (8 * BKC); }
   static int64_t grid_x(const Problem& p, int vw) { return ((p.M + vw - 1) / vw + BMC - 1) / BMC; }
   template <typename T>
-  static constexpr auto kKernel = kernels::gemv_tma_t<T, THREADS, BMC, S>;
+  static constexpr auto kKernel = kernels::gemv_tma_t<T, THREADS, BMC, S, LOOP>;
+
+  // LOOP: the grid's x for a launch of `grid`: the column tiles, at most the blocks that fit on the
+  // GPU at once over its (split, group, vector-chunk) slices (blocks per SM queried once a device).
+  template <typename T>
+  static unsigned loop_grid_x(dim3 grid) {
+    const DeviceInfo& dev = device_info();
+    static std::atomic<int> per_sm_known[64] = {};  // blocks per SM + 1; 0: not asked yet
+    if (dev.id < 0) return grid.x;
+    int per_sm = per_sm_known[dev.id].load(std::memory_order_relaxed) - 1;
+    if (per_sm < 0) {
+      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kKernel<T>, THREADS, kSmem<T>) != cudaSuccess) {
+        cudaGetLastError();
+        return grid.x;
+      }
+      per_sm_known[dev.id].store(per_sm + 1, std::memory_order_relaxed);
+    }
+    const int64_t slices = int64_t(grid.y) * grid.z;
+    const int64_t resident = (int64_t(dev.sms) * std::max(per_sm, 1) + slices - 1) / slices;
+    return unsigned(std::max<int64_t>(1, std::min<int64_t>(grid.x, resident)));
+  }
 
   // The TMA kernel's argument for a launch of the 16-byte body (the tensor maps of W and x), or
   // false where it cannot take it: not Hopper, operands or strides not on 16 bytes, or too little
@@ -424,6 +446,7 @@ struct TransposedTma {
     if constexpr (VEC) {
       kernels::TmaTArgs t;
       if (plan<T>(a, &t)) {
+        if constexpr (LOOP) grid.x = loop_grid_x<T>(grid);
         launch_kernel(kKernel<T>, grid, THREADS, s, t, kSmem<T>);
         return;
       }
@@ -620,10 +643,12 @@ template <typename Fam>
 struct IsQuantTma : std::false_type {};
 template <int THREADS, int SK, int S, int U, int NV>
 struct IsQuantTma<QuantTma<THREADS, SK, S, U, NV>> : std::true_type {};
+template <int THREADS, int BMC, int BKC, int S, int NV>
+using TransposedTmaLoop = TransposedTma<THREADS, BMC, BKC, S, NV, true>;
 template <typename Fam>
 struct IsTransposedTma : std::false_type {};
-template <int THREADS, int BMC, int BKC, int S, int NV>
-struct IsTransposedTma<TransposedTma<THREADS, BMC, BKC, S, NV>> : std::true_type {};
+template <int THREADS, int BMC, int BKC, int S, int NV, bool LOOP>
+struct IsTransposedTma<TransposedTma<THREADS, BMC, BKC, S, NV, LOOP>> : std::true_type {};
 
 #define GEMVX_INFO(id, fam, th, p1, p2, u, nv)                                            \
   ConfigInfo{id, fam<th, p1, p2, u, nv>::kTrans, fam<th, p1, p2, u, nv>::kPipelined,         \

@@ -62,7 +62,10 @@ constexpr int tma_t_smem_bytes() {
   return S * (BMC * 16 * kTmaTRows + 16 * kTmaTRows * int(sizeof(T))) + 1024;
 }
 
-template <typename T, int THREADS, int BMC, int S>
+// LOOP: the block takes column tiles blockIdx.x, + gridDim.x, ... (the launcher sizes the grid to
+// the blocks that fit at once); its producer streams the next tile's stages while the consumer
+// warps finish and store the last. Otherwise the block's tile is blockIdx.x.
+template <typename T, int THREADS, int BMC, int S, bool LOOP = false>
 __global__ void __launch_bounds__(THREADS, 1) gemv_tma_t(const __grid_constant__ TmaTArgs p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int NV = 16;
@@ -88,7 +91,7 @@ __global__ void __launch_bounds__(THREADS, 1) gemv_tma_t(const __grid_constant__
   const BlockWork<T, NV> bw(a);
   const int split = bw.split, nv = bw.nv;
   const int64_t g = bw.g, v0 = bw.v0;
-  const int64_t col0 = int64_t(blockIdx.x) * BN;
+  const int64_t tiles = (a.M + BN - 1) / BN;  // column tiles (LOOP)
   const int64_t k_begin = min(int64_t(split) * a.split_span, a.K);
   const int64_t k_end = min(k_begin + a.split_span, a.K);
   const int64_t steps = (k_end - k_begin + KR - 1) / KR;
@@ -108,98 +111,120 @@ __global__ void __launch_bounds__(THREADS, 1) gemv_tma_t(const __grid_constant__
   if (warp == CW) {
     if (lane == 0) {
       const uint64_t policy = l2_evict_first();  // for W; x stays as it is
-      for (int64_t st = 0; st < steps; ++st) {
-        const int s = int(st % S);
-        const int64_t use = st / S;
-        if (use > 0) tma::wait(empty0 + 8 * s, uint32_t(use - 1) & 1u);
-        const int k0 = int(k_begin + st * KR);
-        const uint32_t dst = ring + uint32_t(s) * STAGE, bar = full0 + 8 * s;
-        tma::expect(bar, STAGE);
+      // The stages of the tile at col0; st0: the block's stages before them (the ring's count).
+      auto produce = [&](int64_t col0, int64_t st0) {
+        for (int64_t j = 0; j < steps; ++j) {
+          const int64_t st = st0 + j;
+          const int s = int(st % S);
+          const int64_t use = st / S;
+          if (use > 0) tma::wait(empty0 + 8 * s, uint32_t(use - 1) & 1u);
+          const int k0 = int(k_begin + j * KR);
+          const uint32_t dst = ring + uint32_t(s) * STAGE, bar = full0 + 8 * s;
+          tma::expect(bar, STAGE);
 #pragma unroll
-        for (int b = 0; b < BN / E; ++b)
-          tma::box_hint(dst + b * BOX, &p.wmap, int(col0) + E * b, k0, int(g), bar, policy);
+          for (int b = 0; b < BN / E; ++b)
+            tma::box_hint(dst + b * BOX, &p.wmap, int(col0) + E * b, k0, int(g), bar, policy);
 #pragma unroll
-        for (int b = 0; b < KR / E; ++b) tma::box(dst + W_BYTES + b * X_BOX, &p.xmap, k0 + E * b, int(v0), int(g), bar);
+          for (int b = 0; b < KR / E; ++b) tma::box(dst + W_BYTES + b * X_BOX, &p.xmap, k0 + E * b, int(v0), int(g), bar);
+        }
+      };
+      if constexpr (LOOP) {
+        int64_t st0 = 0;
+        for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x, st0 += steps) produce(tile * BN, st0);
+      } else {
+        produce(int64_t(blockIdx.x) * BN, 0);
       }
     }
     pdl_trigger();
     return;
   }
 
-  float acc[WN / 8][4], accs[WN / 8][4];  // accs: fp32's small terms
+  // The consumer warps' work on the tile at col0, whose stages follow st0 of the block's; last:
+  // the block's last tile.
+  auto consume = [&](int64_t col0, int64_t st0, bool last) {
+    float acc[WN / 8][4], accs[WN / 8][4];  // accs: fp32's small terms
 #pragma unroll
-  for (int j = 0; j < WN / 8; ++j)
+    for (int j = 0; j < WN / 8; ++j)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) acc[j][i] = accs[j][i] = 0.0f;
+      for (int i = 0; i < 4; ++i) acc[j][i] = accs[j][i] = 0.0f;
 
 #pragma unroll 1
-  for (int64_t st = 0; st < steps; ++st) {
-    const int s = int(st % S);
-    tma::wait(full0 + 8 * s, uint32_t(st / S) & 1u);
-    const uint32_t base = ring + uint32_t(s) * STAGE;
-    if constexpr (kF32) {
-      // Lane (gq, t). B word of k step kk, tile j: stage row 8 kk + 2t (+ 1 for b1), column
-      // warp WN + 8 j + gq, in box col / 32 at chunk (col % 32) / 4 ^ (row % 8), word col % 4.
-      // A: vectors gq and gq + 8 at k 8 kk + 2t and + 1: box kk / 4, chunk 2 (kk % 4) + t / 2 ^ gq.
-      const int gq = lane / 4, t = lane % 4;
-      auto b_word = [&](int j, int odd) {  // byte offset in the stage, less k step kk's 1024
-        const int col = warp * WN + 8 * j + gq;
-        return (col / 32) * BOX + (2 * t + odd) * 128 + 16 * (((col % 32) / 4) ^ (2 * t + odd)) + 4 * (col % 4);
-      };
-      const uint8_t* const sb = tma_t_ring + (base - tma::addr(tma_t_ring));
-      tf32_step_pairs<KR / 8>(acc, [&](int kk, float (&part)[WN / 8][4]) {
-        const int xo = W_BYTES + (kk / 4) * X_BOX + 16 * ((2 * (kk % 4) + t / 2) ^ gq) + 8 * (t % 2);
-        const float2 xl = *reinterpret_cast<const float2*>(sb + xo + 128 * gq);
-        const float2 xh = *reinterpret_cast<const float2*>(sb + xo + 128 * (gq + 8));
-        const Tf32Pair ap[4] = {split_tf32(__float_as_uint(xl.x)), split_tf32(__float_as_uint(xh.x)),
-                                split_tf32(__float_as_uint(xl.y)), split_tf32(__float_as_uint(xh.y))};
+    for (int64_t st = st0; st < st0 + steps; ++st) {
+      const int s = int(st % S);
+      tma::wait(full0 + 8 * s, uint32_t(st / S) & 1u);
+      const uint32_t base = ring + uint32_t(s) * STAGE;
+      if constexpr (kF32) {
+        // Lane (gq, t). B word of k step kk, tile j: stage row 8 kk + 2t (+ 1 for b1), column
+        // warp WN + 8 j + gq, in box col / 32 at chunk (col % 32) / 4 ^ (row % 8), word col % 4.
+        // A: vectors gq and gq + 8 at k 8 kk + 2t and + 1: box kk / 4, chunk 2 (kk % 4) + t / 2 ^ gq.
+        const int gq = lane / 4, t = lane % 4;
+        auto b_word = [&](int j, int odd) {  // byte offset in the stage, less k step kk's 1024
+          const int col = warp * WN + 8 * j + gq;
+          return (col / 32) * BOX + (2 * t + odd) * 128 + 16 * (((col % 32) / 4) ^ (2 * t + odd)) + 4 * (col % 4);
+        };
+        const uint8_t* const sb = tma_t_ring + (base - tma::addr(tma_t_ring));
+        tf32_step_pairs<KR / 8>(acc, [&](int kk, float (&part)[WN / 8][4]) {
+          const int xo = W_BYTES + (kk / 4) * X_BOX + 16 * ((2 * (kk % 4) + t / 2) ^ gq) + 8 * (t % 2);
+          const float2 xl = *reinterpret_cast<const float2*>(sb + xo + 128 * gq);
+          const float2 xh = *reinterpret_cast<const float2*>(sb + xo + 128 * (gq + 8));
+          const Tf32Pair ap[4] = {split_tf32(__float_as_uint(xl.x)), split_tf32(__float_as_uint(xh.x)),
+                                  split_tf32(__float_as_uint(xl.y)), split_tf32(__float_as_uint(xh.y))};
 #pragma unroll
-        for (int j = 0; j < WN / 8; ++j) {
-          const uint8_t* const b = sb + 1024 * kk;
-          mma_tf32x3(part[j], accs[j], ap, split_tf32(*reinterpret_cast<const uint32_t*>(b + b_word(j, 0))),
-                     split_tf32(*reinterpret_cast<const uint32_t*>(b + b_word(j, 1))));
-        }
-      });
-    } else {
-      // ldmatrix rows of this lane: vector (A) or row of the 16-k step (B) l % 8 + 8 ((l / 8) % 2),
-      // chunk + l / 16; the swizzle XORs the chunk with the row % 8 = l % 8.
-      const int r16 = lane % 8 + 8 * ((lane / 8) % 2), sw = lane % 8, hi = lane / 16;
-      const uint32_t xa = W_BYTES + 128 * r16;
-      const uint32_t wb = 128 * r16;
-      const int c0 = warp * (WN / 8) + hi;  // the warp's first 16-byte column chunk (of the block) + l / 16
+          for (int j = 0; j < WN / 8; ++j) {
+            const uint8_t* const b = sb + 1024 * kk;
+            mma_tf32x3(part[j], accs[j], ap, split_tf32(*reinterpret_cast<const uint32_t*>(b + b_word(j, 0))),
+                       split_tf32(*reinterpret_cast<const uint32_t*>(b + b_word(j, 1))));
+          }
+        });
+      } else {
+        // ldmatrix rows of this lane: vector (A) or row of the 16-k step (B) l % 8 + 8 ((l / 8) % 2),
+        // chunk + l / 16; the swizzle XORs the chunk with the row % 8 = l % 8.
+        const int r16 = lane % 8 + 8 * ((lane / 8) % 2), sw = lane % 8, hi = lane / 16;
+        const uint32_t xa = W_BYTES + 128 * r16;
+        const uint32_t wb = 128 * r16;
+        const int c0 = warp * (WN / 8) + hi;  // the warp's first 16-byte column chunk (of the block) + l / 16
 #pragma unroll
-      for (int kk = 0; kk < KR / 16; ++kk) {
-        uint32_t af[4];
-        ldsm_x4(af, base + xa + 16 * ((2 * kk + hi) ^ sw));
+        for (int kk = 0; kk < KR / 16; ++kk) {
+          uint32_t af[4];
+          ldsm_x4(af, base + xa + 16 * ((2 * kk + hi) ^ sw));
 #pragma unroll
-        for (int q = 0; q < WN / 16; ++q) {
-          const int c = c0 + 2 * q;
-          uint32_t bf[4];
-          ldsm_x4_trans(bf, base + (c / 8) * BOX + 16 * kk * 128 + wb + 16 * ((c % 8) ^ sw));
-          mma_16816(acc[2 * q], af, bf[0], bf[1], T{});
-          mma_16816(acc[2 * q + 1], af, bf[2], bf[3], T{});
+          for (int q = 0; q < WN / 16; ++q) {
+            const int c = c0 + 2 * q;
+            uint32_t bf[4];
+            ldsm_x4_trans(bf, base + (c / 8) * BOX + 16 * kk * 128 + wb + 16 * ((c % 8) ^ sw));
+            mma_16816(acc[2 * q], af, bf[0], bf[1], T{});
+            mma_16816(acc[2 * q + 1], af, bf[2], bf[3], T{});
+          }
         }
       }
+      __syncwarp();
+      if (lane == 0) tma::arrive(empty0 + 8 * s);
     }
-    __syncwarp();
-    if (lane == 0) tma::arrive(empty0 + 8 * s);
-  }
-  join_tf32<T, WN / 2>(&acc[0][0], &accs[0][0]);
-  pdl_trigger();
+    join_tf32<T, WN / 2>(&acc[0][0], &accs[0][0]);
+    if (last) pdl_trigger();
 
-  // The outputs leave through shared memory where they can (16-bit: 16-byte rows of y): the ring is
-  // free once every consumer warp is past its last stage (the producer loaded no more than that).
-  if constexpr (!kF32) {  // store_tile_rows stages 16-bit pairs
-    constexpr int STAGED = 16 * (WN + 8) * int(sizeof(T));  // bytes per warp
-    static_assert(CW * STAGED <= S * STAGE, "the staged outputs fit in the ring");
-    if (rows_storable<T>(a)) {
-      asm volatile("bar.sync 1, %0;" ::"r"(CW * 32) : "memory");
-      T* stage = reinterpret_cast<T*>(tma_t_ring + (ring - tma::addr(tma_t_ring)) + warp * STAGED);
-      store_tile_rows<T, WN>(a, g, v0, nv, col0 + warp * WN, acc, stage);
-      return;
+    // The outputs leave through shared memory where they can (16-bit: 16-byte rows of y): the ring is
+    // free once every consumer warp is past the block's last stage (the producer loaded no more than
+    // that; before it, the producer refills the ring with the next tile's stages).
+    if constexpr (!kF32) {  // store_tile_rows stages 16-bit pairs
+      constexpr int STAGED = 16 * (WN + 8) * int(sizeof(T));  // bytes per warp
+      static_assert(CW * STAGED <= S * STAGE, "the staged outputs fit in the ring");
+      if (last && rows_storable<T>(a)) {
+        asm volatile("bar.sync 1, %0;" ::"r"(CW * 32) : "memory");
+        T* stage = reinterpret_cast<T*>(tma_t_ring + (ring - tma::addr(tma_t_ring)) + warp * STAGED);
+        store_tile_rows<T, WN>(a, g, v0, nv, col0 + warp * WN, acc, stage);
+        return;
+      }
     }
+    store_tile<T, WN>(a, split, g, v0, nv, col0 + warp * WN, acc);
+  };
+  if constexpr (LOOP) {
+    int64_t st0 = 0;
+    for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x, st0 += steps)
+      consume(tile * BN, st0, tile + gridDim.x >= tiles);
+  } else {
+    consume(int64_t(blockIdx.x) * BN, 0, true);
   }
-  store_tile<T, WN>(a, split, g, v0, nv, col0 + warp * WN, acc);
 #endif
 }
 
