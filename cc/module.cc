@@ -144,7 +144,7 @@ NB_MODULE(_ext, m) {
       },
       nb::arg("plan"), nb::arg("W"), nb::arg("scales"), nb::arg("x"), nb::arg("config"), nb::arg("splits"),
       "Whether launching this plan runs a TMA kernel (for tests): a quantised plan with a QuantTma "
-      "config, or a layout-T plan with a TransposedTma config (scales 0).");
+      "config, or a dense plan with a TMA config of its layout (scales 0).");
   m.def(
       "dense_paths",
       [](const Problem& plan, uintptr_t W, uintptr_t x, int config, int splits) {

@@ -3,8 +3,8 @@ loads (LDG.E.NA.128) (tensor-core kernels: feeding HMMA.16816; the shared-memory
 must copy with cp.async (LDGSTS) and read fragments with LDSM), and every
 software-pipelined kernel must issue all UNROLL x R loads of a step before its first FMA
 (quantised kernels: all loads of a step before the first HMMA; the quantised TMA kernel:
-tensor-map copies and 128-bit shared-memory loads into HMMA; the layout-T TMA kernel: tensor-map
-copies and ldmatrix into HMMA). For the other kernels ptxas
+tensor-map copies and 128-bit shared-memory loads into HMMA; the dense TMA kernels: tensor-map
+copies and ldmatrix (layout T fp32: 64-bit shared loads) into HMMA). For the other kernels ptxas
 decides the order; a small source change once flipped it into interleaving loads with math (8-15%
 slower on large shapes, no other symptom), so their count is printed for comparison between
 builds. Runs with the GPU tests.
@@ -32,6 +32,8 @@ QNT = re.compile(r"gemv_quantI(\w+?)Li(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELi(\
 QTMA = re.compile(r"gemv_quant_tmaI(\w+?)Li(\d+)ELi(\d+)ELi(\d+)ELi(\d+)E")
 # gemv_tma_t<T, THREADS, BMC, S>: layout T, W and x through shared memory by TMA (sm_90 only)
 TTMA = re.compile(r"gemv_tma_tI(\w+?)Li(\d+)ELi(\d+)ELi(\d+)E")
+# gemv_tma_n<T, THREADS, BM, BKC, S>: layout N, W and x through shared memory by TMA (sm_90 only)
+NTMA = re.compile(r"gemv_tma_nI(\w+?)Li(\d+)ELi(\d+)ELi(\d+)ELi(\d+)E")
 
 
 def needs_ops(kind: str, ops: tuple[str, ...]):
@@ -70,6 +72,16 @@ def check_tma_t(name: str, body: str) -> str | None:
     return (_tma_t32 if TTMA.search(name).group(1) == "f" else _tma_t16)(name, body)
 
 
+# The layout-N TMA kernel: tensor-map copies read back with ldmatrix into HMMA (fp32: the tf32 mma
+# on the same fragments, as the tile kernels).
+_tma_n16 = needs_ops("TMA", ("UTMALDG", "LDSM", "HMMA.16816.F32"))
+_tma_n32 = needs_ops("TMA", ("UTMALDG", "LDSM", "HMMA.1688.F32.TF32"))
+
+
+def check_tma_n(name: str, body: str) -> str | None:
+    return (_tma_n32 if NTMA.search(name).group(1) == "f" else _tma_n16)(name, body)
+
+
 def check_quant(name: str, body: str) -> str | None:
     """A quantised kernel must stream packed W with 128-bit loads, multiply on tensor cores
     (HMMA), and issue a step's U x R x 2 (two rows per lane) W loads before its first HMMA."""
@@ -100,7 +112,8 @@ def main() -> int:
         if name in seen:
             continue
         check = next((c for rx, c in ((MMA, check_mma), (TILE, check_tile), (QNT, check_quant),
-                                                (QTMA, check_quant_tma), (TTMA, check_tma_t))
+                                                (QTMA, check_quant_tma), (TTMA, check_tma_t),
+                                                (NTMA, check_tma_n))
                       if rx.search(name)), None)
         if check:
             seen.add(name)

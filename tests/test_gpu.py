@@ -370,43 +370,50 @@ def test_lean_configs(cp: Any, rng: np.random.Generator, cfg_id: int, dtype: str
         assert got[cfg_id].tobytes() == got[twin].tobytes(), "differs from its twin"
 
 
-TMA_T = [c["id"] for c in CONFIGS if c["family"].startswith("TransposedTma")]
+TMA = [c["id"] for c in CONFIGS if c["family"].startswith(("TransposedTma", "RowMajorTma"))]
 
 
-@pytest.mark.parametrize("cfg_id,dtype,case", cases(TMA_T, ("float16", "bfloat16", "float32"),
+@pytest.mark.parametrize("cfg_id,dtype,case", cases(TMA, ("float16", "bfloat16", "float32"),
                                                     ("whole", "split", "beta", "odd_k", "odd_m", "odd_m_one_vector",
-                                                     "odd_x_stride", "many_tiles", "many_tiles_split")))
-def test_tma_transposed(cp: Any, rng: np.random.Generator, cfg_id: int, dtype: str, case: str) -> None:
-    """The TMA kernel of layout T (kernels/gemv_tma_t.cuh) on Hopper: a partial last block of
-    columns (boxes partly and wholly past M), a partial last stage (rows past K: the TMA's zero
-    fill), 19 vectors (a full chunk of 16 and a partial one), split-K, beta; W rows not on 16 bytes
-    (odd M) and x rows not on 16 bytes take the CUDA-core kernel. odd_m_one_vector: an odd M in
-    padded rows of W (the TMA kernel) and one vector, so y's one row ends in a partial 16-byte
-    piece. float32 takes boxes of 32 columns, two boxes of x a stage and the tf32 mma.
-    many_tiles (and with split-K): 600 column tiles, more than fit on the GPU at once, so a
-    TransposedTmaLoop block takes several in turn. The poisoned output shows any element not
-    written."""
+                                                     "odd_w_stride", "odd_x_stride", "many_tiles", "many_tiles_split",
+                                                     "tail_split")))
+def test_tma(cp: Any, rng: np.random.Generator, cfg_id: int, dtype: str, case: str) -> None:
+    """The TMA kernels (kernels/gemv_tma_t.cuh, both layouts) on Hopper: a partial last block of
+    outputs (boxes partly and wholly past M), a partial last stage (k past K: the TMA's zero fill),
+    19 vectors (a full chunk of 16 and a partial one), split-K, beta; odd K and odd M in padded
+    rows of W; W rows (odd_w_stride: M values in layout T, K in N) or x rows not on 16 bytes take
+    the CUDA-core kernel. odd_m_one_vector: one vector, so y's one row ends in a partial 16-byte
+    piece. float32 takes boxes of 32 values a row (layout T: two boxes of x a stage, 32-bit W
+    reads) and the tf32 mma. many_tiles (and with split-K): 600 output tiles, more than fit at
+    once, so a ...Loop block takes several in turn. tail_split: K's last values (fewer than a
+    16-byte chunk) past splits that end on whole chunks (layout N counts K in chunks). The poisoned
+    output shows any element not written."""
     cfg = CONFIG_BY_ID[cfg_id]
-    cols, rows = 16 // np.dtype(np_dtype(dtype)).itemsize * cfg["p1"], 8 * cfg["p2"]  # per block, per stage
-    M = (600 if case.startswith("many") else 2) * cols + 24 + (3 if case.startswith("odd_m") else 0)
-    K = {"split": 7 * rows + 8, "odd_k": 3 * rows + 13, "many_tiles": 2 * rows + 8}.get(case, 3 * rows + 24)
-    splits = {"split": 3, "many_tiles_split": 2}.get(case, 1)
+    tr = cfg["layout"] == "T"
+    vw = 16 // np.dtype(np_dtype(dtype)).itemsize
+    outs, ks = (vw * cfg["p1"], 8 * cfg["p2"]) if tr else (cfg["p1"], vw * cfg["p2"])  # per block, per stage
+    M = (600 if case.startswith("many") else 2) * outs + 24 + (3 if case.startswith("odd_m") else 0)
+    K = {"split": 7 * ks + 8, "odd_k": 3 * ks + 13, "many_tiles": 2 * ks + 8, "tail_split": 4 * ks + 3,
+         "odd_w_stride": 3 * ks + 24 + (0 if tr else 3)}.get(case, 3 * ks + 24)
+    if tr and case == "odd_w_stride":
+        M += 3
+    splits = {"split": 3, "many_tiles_split": 2, "tail_split": 2}.get(case, 1)
     B = 1 if case == "odd_m_one_vector" else 19
-    pad = (-M) % 8 + 8 if case == "odd_m_one_vector" else 0  # rows of M + pad elements: on 16 bytes
-    W_base = random_array(rng, (K, M + pad), dtype)
-    W = W_base[:, :M]
+    rows, row = (K, M) if tr else (M, K)  # W as stored
+    pad = (-row) % 8 + 8 if row % 8 and case != "odd_w_stride" else 0  # W rows on 16 bytes
+    W_base = random_array(rng, (rows, row + pad), dtype)
     x_base = random_array(rng, (B, K + 1 if case == "odd_x_stride" else (K + 7) // 8 * 8 + 8), dtype)
-    x = x_base[:, :K]
-    W_d, x_d = cp.asarray(W_base)[:, :M], cp.asarray(x_base)[:, :K]
+    W, x = W_base[:, :row], x_base[:, :K]
+    W_d, x_d = cp.asarray(W_base)[:, :row], cp.asarray(x_base)[:, :K]
     out = cp.empty((B, M), dtype=W_d.dtype)
-    prep = prepared_for(cp, W_d, x_d, out, True)
+    prep = prepared_for(cp, W_d, x_d, out, tr)
     hopper = int(cp.cuda.Device().compute_capability) >= 90
     takes = bool(_ext.uses_tma(prep.problem, prep.ptrs[0], 0, prep.ptrs[1], cfg_id, splits))
-    assert takes == (hopper and case not in ("odd_m", "odd_x_stride"))
+    assert takes == (hopper and case not in ("odd_w_stride", "odd_x_stride"))
     assert _ext.effective_splits(prep.problem, cfg_id, splits) == splits
     y_in = random_array(rng, (B, M), dtype) if case == "beta" else None
     alpha = {"beta": 0.75, "odd_m_one_vector": -1.5}.get(case, 1.0)
-    run_checked(cp, W, x, W_d=W_d, x_d=x_d, transpose=True, config=(cfg_id, splits) if splits > 1 else cfg_id,
+    run_checked(cp, W, x, W_d=W_d, x_d=x_d, transpose=tr, config=(cfg_id, splits) if splits > 1 else cfg_id,
                 alpha=alpha, beta=-0.5 if case == "beta" else 0.0, y_in=y_in)
 
 
@@ -595,7 +602,8 @@ def test_nonfinite(cp: Any, rng: np.random.Generator, dtype: str, transpose: boo
     assert np.isnan(float(got[4])) and np.isfinite(np.delete(got.astype(np.float64), 4)).all()
 
 
-MMA_N = [c["id"] for c in CONFIGS if c["family"] in ("RowMajorMma", "RowMajorMmaPipelined", "RowMajorTile")]
+MMA_N = [c["id"] for c in CONFIGS if c["family"] in ("RowMajorMma", "RowMajorMmaPipelined", "RowMajorTile",
+                                                     "RowMajorTma", "RowMajorTmaLoop")]
 MMA_NT = MMA_N + MMA_T  # the tensor-core kernels that take fp32 as 3xTF32 (and 16-bit types)
 
 

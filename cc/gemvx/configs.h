@@ -50,6 +50,11 @@
 //   TransposedTmaLoop: TransposedTma with a grid of the blocks that fit at once, each taking every
 //              gridDim.x-th column tile: its producer streams the next tile while its consumers
 //              store the last (many short tiles: short K, small blocks).
+//   RowMajorTma, RowMajorTmaLoop: the same for layout N (kernels/gemv_tma_t.cuh, gemv_tma_n): P1 =
+//              rows per block (at most 256), P2 = 16-byte chunks of K per stage (whole 128-byte
+//              boxes), UNROLL = stages, NV = 16; fragments as RowMajorTile's. Other GPUs and
+//              operands the copies cannot take run the RowMajor kernel with THREADS - 32 threads,
+//              4 lanes a row and the same rows.
 //   Quant      (layout N, weight-only quantised W: int8, or int4 packed two per byte along K;
 //              tensor-core mma.m16n8k16 with fp32 accumulation): P1 = lanes that walk a row, four
 //              per warp (P1 / 4 warps split K for the same 16 rows), P2 = 16-row tiles per warp,
@@ -183,4 +188,6 @@
   X(121, QuantTma, 544, 256, 2, 2, 8)         \
   X(122, QuantTma, 288, 256, 4, 4, 8)         \
   X(123, TransposedTmaLoop, 160, 16, 8, 4, 16) \
-  X(124, TransposedTmaLoop, 288, 32, 8, 4, 16)
+  X(124, TransposedTmaLoop, 288, 32, 8, 4, 16) \
+  X(125, RowMajorTma, 288, 128, 16, 4, 16)     \
+  X(126, RowMajorTmaLoop, 160, 64, 16, 4, 16)

@@ -360,30 +360,43 @@ inline EncodeTiled encode_tiled() {
   return fn;
 }
 
-// Layout T, 16 vectors on tensor cores, W and x streamed by the TMA (kernels/gemv_tma_t.cuh):
-// THREADS - 32 consumer threads and a producer warp, P1 = BMC 16-byte column chunks per block
-// (whole boxes of 128-byte rows: 64 columns of a 16-bit type, 32 of fp32), P2 = 8 (64 rows of W
-// per stage), U = S stages. Runs on Hopper with operands the TMA takes (plan); otherwise the
-// CUDA-core kernel runs with THREADS - 32 threads and the same columns per block and splits.
-// LOOP (TransposedTmaLoop): the TMA kernel's grid is as many blocks as fit at once over the
-// (split, group, vector-chunk) slices, each block taking every gridDim.x-th column tile.
-template <int THREADS, int BMC, int BKC, int S, int NV, bool LOOP = false>
-struct TransposedTma {
-  static_assert(NV == 16 && 8 * BKC == kernels::kTmaTRows, "TMA configs: 16 vectors, 64 rows per stage");
-  static constexpr bool kTrans = true;
+// 16 vectors on tensor cores, W and x streamed by the TMA (kernels/gemv_tma_t.cuh): THREADS - 32
+// consumer threads and a producer warp, U = S stages. Runs on Hopper with operands the TMA takes
+// (plan); otherwise the CUDA-core kernel runs with THREADS - 32 threads, the same outputs per block
+// and the same splits.
+//   TRANS (TransposedTma): P1 = BMC 16-byte column chunks per block (whole boxes of 128-byte rows:
+//     64 columns of a 16-bit type, 32 of fp32), P2 = 8 (64 rows of W per stage).
+//   Layout N (RowMajorTma): P1 = BM rows per block (at most 256: one box), P2 = BKC 16-byte chunks
+//     of K per stage (whole 128-byte boxes); K counted in chunks, as RowMajorTile does.
+// LOOP (the ...Loop families): the TMA kernel's grid is as many blocks as fit at once over the
+// (split, group, vector-chunk) slices, each block taking every gridDim.x-th tile of outputs.
+template <bool TRANS, int THREADS, int P1, int P2, int S, int NV, bool LOOP>
+struct TmaFamily {
+  static_assert(NV == 16 && (TRANS ? 8 * P2 == kernels::kTmaTRows : P2 % 8 == 0 && P1 <= 256),
+                "TMA configs: 16 vectors, 64 rows (layout T) or whole boxes of at most 256 rows (N) per stage");
+  static_assert(TRANS || (4 * P1) % (THREADS - 32) == 0, "layout N TMA configs: the fallback's 4 lanes per row");
+  static constexpr bool kTrans = TRANS;
   static constexpr bool kPipelined = true;
   static constexpr bool kTensorCores = true;
   static constexpr int kThreads = THREADS, kNV = NV;
+  static constexpr int kKStep = TRANS ? 8 * P2 : P2;  // k units (rows; N: chunks) per stage
   template <typename T>
-  static constexpr int kSmem = kernels::tma_t_smem_bytes<T, BMC, S>();
-  static int64_t k_units(const Problem& p, int) { return p.K; }
-  static int64_t min_units_per_split() { return 8 * BKC; }
-  static int64_t round_span(int64_t s) { return (s + 8 * BKC - 1) / (8 * BKC) * (8 * BKC); }
-  static int64_t grid_x(const Problem& p, int vw) { return ((p.M + vw - 1) / vw + BMC - 1) / BMC; }
+  static constexpr int kSmem = TRANS ? kernels::tma_t_smem_bytes<T, P1, S>() : kernels::tma_n_smem_bytes<P1, P2, S>();
+  static int64_t k_units(const Problem& p, int vw) { return TRANS ? p.K : p.K / vw; }
+  static int64_t min_units_per_split() { return kKStep; }
+  static int64_t round_span(int64_t s) { return (s + kKStep - 1) / kKStep * kKStep; }
+  static int64_t grid_x(const Problem& p, int vw) {
+    return TRANS ? ((p.M + vw - 1) / vw + P1 - 1) / P1 : (p.M + P1 - 1) / P1;
+  }
   template <typename T>
-  static constexpr auto kKernel = kernels::gemv_tma_t<T, THREADS, BMC, S, LOOP>;
+  static constexpr auto kKernel = [] {
+    if constexpr (TRANS)
+      return kernels::gemv_tma_t<T, THREADS, P1, S, LOOP>;
+    else
+      return kernels::gemv_tma_n<T, THREADS, P1, P2, S, LOOP>;
+  }();
 
-  // LOOP: the grid's x for a launch of `grid`: the column tiles, at most the blocks that fit on the
+  // LOOP: the grid's x for a launch of `grid`: the output tiles, at most the blocks that fit on the
   // GPU at once over its (split, group, vector-chunk) slices (blocks per SM queried once a device).
   template <typename T>
   static unsigned loop_grid_x(dim3 grid) {
@@ -411,10 +424,12 @@ struct TransposedTma {
     const EncodeTiled encode = encode_tiled();
     auto a16 = [](const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; };
     if (!device_info().hopper || encode == nullptr || !a16(a.W) || !a16(a.x)) return false;
-    // Byte strides; a dimension of one entry takes any multiple of 16.
+    // Byte strides; a dimension of one entry takes any multiple of 16. W's rows: K of them in
+    // layout T (M values each), M in layout N (K values each).
     constexpr int64_t sz = sizeof(T);
-    const int64_t ldw = a.K > 1 ? sz * a.ldw : (sz * a.M + 15) / 16 * 16;
-    const int64_t w_group = a.groups > 1 ? sz * a.w_group : ldw * a.K;
+    const int64_t w_rows = TRANS ? a.K : a.M, w_row = TRANS ? a.M : a.K;
+    const int64_t ldw = w_rows > 1 ? sz * a.ldw : (sz * w_row + 15) / 16 * 16;
+    const int64_t w_group = a.groups > 1 ? sz * a.w_group : ldw * w_rows;
     const int64_t x_vec = a.nvec > 1 ? sz * a.x_vec : (sz * a.K + 15) / 16 * 16;
     const int64_t x_group = a.groups > 1 ? sz * a.x_group : x_vec * a.nvec;
     if (ldw % 16 != 0 || w_group % 16 != 0 || x_vec % 16 != 0 || x_group % 16 != 0) return false;
@@ -434,12 +449,15 @@ struct TransposedTma {
                     pr, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
     };
     // W in 128-byte L2 promotions (read with evict_first, 256 ran up to 6% slower across a rotation of
-    // 4x L2, which the policy partly kept in L2; not measured again past 32x; benchmarks/NOTES.md)
+    // 4x L2, which the policy partly kept in L2; not measured again past 32x; benchmarks/NOTES.md).
+    // Boxes of W: E columns x 64 rows (T), E values of k x BM rows (N).
     constexpr cuuint32_t e = kernels::tma_t_box_values<T>();
-    return map(&t->wmap, a.W, cuuint64_t(a.M), cuuint64_t(a.K), cuuint64_t(a.groups), ldw, w_group, e,
-               kernels::kTmaTRows, CU_TENSOR_MAP_L2_PROMOTION_L2_128B) &&
-           map(&t->xmap, a.x, cuuint64_t(a.K), cuuint64_t(a.nvec), cuuint64_t(a.groups), x_vec, x_group, e,
-               16, CU_TENSOR_MAP_L2_PROMOTION_L2_256B);
+    const bool w_ok = TRANS ? map(&t->wmap, a.W, cuuint64_t(a.M), cuuint64_t(a.K), cuuint64_t(a.groups), ldw,
+                                  w_group, e, kernels::kTmaTRows, CU_TENSOR_MAP_L2_PROMOTION_L2_128B)
+                            : map(&t->wmap, a.W, cuuint64_t(a.K), cuuint64_t(a.M), cuuint64_t(a.groups), ldw,
+                                  w_group, e, P1, CU_TENSOR_MAP_L2_PROMOTION_L2_128B);
+    return w_ok && map(&t->xmap, a.x, cuuint64_t(a.K), cuuint64_t(a.nvec), cuuint64_t(a.groups), x_vec, x_group, e,
+                       16, CU_TENSOR_MAP_L2_PROMOTION_L2_256B);
   }
   template <typename T, bool VEC>
   static void launch(dim3 grid, cudaStream_t s, const Args& a) {
@@ -451,10 +469,21 @@ struct TransposedTma {
         return;
       }
     }
-    launch_kernel(kernels::gemv_transposed<T, THREADS - 32, BMC, 1, NV, false, VEC>, grid, THREADS - 32,
-                  s, a);
+    if constexpr (TRANS)
+      launch_kernel(kernels::gemv_transposed<T, THREADS - 32, P1, 1, NV, false, VEC>, grid, THREADS - 32, s, a);
+    else
+      launch_kernel(kernels::gemv_rowmajor<T, THREADS - 32, 4, 4 * P1 / (THREADS - 32), 1, NV, false, VEC>, grid,
+                    THREADS - 32, s, a);
   }
 };
+template <int THREADS, int BMC, int BKC, int S, int NV>
+using TransposedTma = TmaFamily<true, THREADS, BMC, BKC, S, NV, false>;
+template <int THREADS, int BMC, int BKC, int S, int NV>
+using TransposedTmaLoop = TmaFamily<true, THREADS, BMC, BKC, S, NV, true>;
+template <int THREADS, int BM, int BKC, int S, int NV>
+using RowMajorTma = TmaFamily<false, THREADS, BM, BKC, S, NV, false>;
+template <int THREADS, int BM, int BKC, int S, int NV>
+using RowMajorTmaLoop = TmaFamily<false, THREADS, BM, BKC, S, NV, true>;
 
 // Layout N, weight-only quantised W (Problem::wbits 4 or 8), tensor-core mma with fp32
 // accumulation (kernels/gemv_quant.cuh). P1 = lanes that walk a row (4 per warp: P1 / 4 warps
@@ -643,12 +672,10 @@ template <typename Fam>
 struct IsQuantTma : std::false_type {};
 template <int THREADS, int SK, int S, int U, int NV>
 struct IsQuantTma<QuantTma<THREADS, SK, S, U, NV>> : std::true_type {};
-template <int THREADS, int BMC, int BKC, int S, int NV>
-using TransposedTmaLoop = TransposedTma<THREADS, BMC, BKC, S, NV, true>;
 template <typename Fam>
-struct IsTransposedTma : std::false_type {};
-template <int THREADS, int BMC, int BKC, int S, int NV, bool LOOP>
-struct IsTransposedTma<TransposedTma<THREADS, BMC, BKC, S, NV, LOOP>> : std::true_type {};
+struct IsTmaFamily : std::false_type {};
+template <bool TRANS, int THREADS, int P1, int P2, int S, int NV, bool LOOP>
+struct IsTmaFamily<TmaFamily<TRANS, THREADS, P1, P2, S, NV, LOOP>> : std::true_type {};
 
 #define GEMVX_INFO(id, fam, th, p1, p2, u, nv)                                            \
   ConfigInfo{id, fam<th, p1, p2, u, nv>::kTrans, fam<th, p1, p2, u, nv>::kPipelined,         \
@@ -858,12 +885,12 @@ Status run(const Problem& p, int splits, void* ws, std::size_t ws_size, cudaStre
     return run_dense<Fam>(p, splits, ws, ws_size, stream);
 }
 
-// Whether the launch of a QuantTma or TransposedTma config would take the TMA kernel (its first
+// Whether the launch of a QuantTma or dense TMA config would take the TMA kernel (its first
 // grid slice).
 template <typename Fam>
 bool tma_for(const Problem& p, int splits) {
-  if constexpr (IsTransposedTma<Fam>::value) {
-    if (!p.trans || p.wbits != 0 || !vector_ok(p) || p.K == 0) return false;
+  if constexpr (IsTmaFamily<Fam>::value) {
+    if (p.trans != Fam::kTrans || p.wbits != 0 || !vector_ok(p) || p.K == 0) return false;
     (void)splits;
     kernels::TmaTArgs t;
     return p.dtype == DType::kFloat32 ? Fam::template plan<float>(make_args(p), &t)

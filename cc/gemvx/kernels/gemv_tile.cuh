@@ -110,6 +110,46 @@ __device__ __forceinline__ void tf32_step_pairs(float (&acc)[TILES][4], Step&& s
   }
 }
 
+// The math of one stage of the layout-N tile kernels (gemv_tile, gemv_tma_n): KSTEPS k steps of two
+// 16-byte chunks each (16 k; fp32 8, as 3xTF32 through tf32_step_pairs), a_frag(kk, af) giving the
+// A fragment of x and b_frag(kk, p, bf) the B fragments of the p-th pair of 8-row tiles.
+template <typename T, int KSTEPS, int TILES, typename AFrag, typename BFrag>
+__device__ __forceinline__ void tile_stage_mma(float (&acc)[TILES][4], float (&accs)[TILES][4], AFrag&& a_frag,
+                                               BFrag&& b_frag) {
+  if constexpr (std::is_same<T, float>::value) {
+    tf32_step_pairs<KSTEPS>(acc, [&](int kk, float (&part)[TILES][4]) {
+      uint32_t af[4];
+      a_frag(kk, af);
+      Tf32Pair ap[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) ap[e] = split_tf32(af[e]);
+#pragma unroll
+      for (int p = 0; p < TILES / 2; ++p) {
+        uint32_t bf[4];
+        b_frag(kk, p, bf);
+        Tf32Pair bp[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) bp[e] = split_tf32(bf[e]);
+        mma_tf32x3(part[2 * p], accs[2 * p], ap, bp[0], bp[1]);
+        mma_tf32x3(part[2 * p + 1], accs[2 * p + 1], ap, bp[2], bp[3]);
+      }
+    });
+  } else {
+#pragma unroll
+    for (int kk = 0; kk < KSTEPS; ++kk) {
+      uint32_t af[4];
+      a_frag(kk, af);
+#pragma unroll
+      for (int p = 0; p < TILES / 2; ++p) {
+        uint32_t bf[4];
+        b_frag(kk, p, bf);
+        mma_16816(acc[2 * p], af, bf[0], bf[1], T{});
+        mma_16816(acc[2 * p + 1], af, bf[2], bf[3], T{});
+      }
+    }
+  }
+}
+
 // Dynamic shared memory of one block: STAGES x (BM rows of W + 16 vectors of x) x BKC chunks.
 template <int BM, int BKC, int STAGES>
 constexpr int tile_smem_bytes() {
@@ -194,38 +234,8 @@ __global__ void __launch_bounds__(THREADS) gemv_tile(const Args a) {
   };
   auto compute = [&](int buf) {
     const uint4* const s = smem + buf * STAGE;
-    if constexpr (kF32) {
-      tf32_step_pairs<BKC / 2>(acc, [&](int kk, float (&part)[R / 8][4]) {
-        uint32_t af[4];
-        a_frag(s, kk, af);
-        Tf32Pair ap[4];
-#pragma unroll
-        for (int e = 0; e < 4; ++e) ap[e] = split_tf32(af[e]);
-#pragma unroll
-        for (int p = 0; p < R / 16; ++p) {
-          uint32_t bf[4];
-          b_frag(s, kk, p, bf);
-          Tf32Pair bp[4];
-#pragma unroll
-          for (int e = 0; e < 4; ++e) bp[e] = split_tf32(bf[e]);
-          mma_tf32x3(part[2 * p], accs[2 * p], ap, bp[0], bp[1]);
-          mma_tf32x3(part[2 * p + 1], accs[2 * p + 1], ap, bp[2], bp[3]);
-        }
-      });
-    } else {
-#pragma unroll
-      for (int kk = 0; kk < BKC / 2; ++kk) {
-        uint32_t af[4];
-        a_frag(s, kk, af);
-#pragma unroll
-        for (int p = 0; p < R / 16; ++p) {
-          uint32_t bf[4];
-          b_frag(s, kk, p, bf);
-          mma_16816(acc[2 * p], af, bf[0], bf[1], T{});
-          mma_16816(acc[2 * p + 1], af, bf[2], bf[3], T{});
-        }
-      }
-    }
+    tile_stage_mma<T, BKC / 2>(acc, accs, [&](int kk, uint32_t (&af)[4]) { a_frag(s, kk, af); },
+                               [&](int kk, int p, uint32_t (&bf)[4]) { b_frag(s, kk, p, bf); });
   };
 
   run_stages<STAGES>(steps, load_stage, compute);

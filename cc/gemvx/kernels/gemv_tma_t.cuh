@@ -27,8 +27,15 @@
 // a0, a2 (and a1, a3) are then x[g][2t], x[g][2t + 1] of the step, one 8-byte load. The big.big
 // sums of two k steps go to the accumulator on the CUDA cores, the small terms into their own.
 //
+// Layout N (gemv_tma_n, the same body): W is (M, K) row-major; a block owns BM rows and its split
+// of K, taken in stages of BKC 16-byte chunks of k: BKC / 8 boxes of W (BM rows x 128 bytes of k)
+// and as many of x (16 vectors x 128 bytes), with the same swizzle. The fragments are
+// gemv_tile.cuh's: per k step, ldmatrix.x4 of x (A) and, per 16 rows, ldmatrix.x4 of W (two B
+// fragments), not transposed; fp32 reads the same matrices as 16-bit pairs into the tf32 mma.
+// The tensor maps end at K and M, so the last split's k past K and rows past M add nothing.
+//
 // Requirements, checked by the launcher (which otherwise runs the CUDA-core kernel with the same
-// columns per block): compute capability 9.0, W and x 16-byte aligned, W's row and matrix strides
+// outputs per block): compute capability 9.0, W and x 16-byte aligned, W's row and matrix strides
 // and x's vector and matrix strides multiples of 16 bytes, and the ring within a block's shared
 // memory.
 #pragma once
@@ -39,9 +46,10 @@
 namespace gemvx {
 namespace kernels {
 
-// The kernel's one argument: the tensor maps of W (dims M, K, groups; box E x 64 x 1, E = 128 /
-// the element's bytes) and x (dims K, vectors, groups; box E x 16 x 1), and the call. The maps must
-// live in kernel parameter space (64-byte aligned).
+// The kernel's one argument: the tensor maps of W (layout T: dims M, K, groups, box E x 64 x 1,
+// E = 128 / the element's bytes; layout N: dims K, M, groups, box E x BM x 1) and x (dims K,
+// vectors, groups; box E x 16 x 1), and the call. The maps must live in kernel parameter space
+// (64-byte aligned).
 struct TmaTArgs {
   CUtensorMap wmap, xmap;
   Args a;
@@ -61,27 +69,39 @@ template <typename T, int BMC, int S>
 constexpr int tma_t_smem_bytes() {
   return S * (BMC * 16 * kTmaTRows + 16 * kTmaTRows * int(sizeof(T))) + 1024;
 }
+// Layout N (gemv_tma_n): S stages of W (BM rows x BKC 16-byte chunks of k) and x (16 vectors x BKC
+// chunks), and the 1 KiB of alignment.
+template <int BM, int BKC, int S>
+constexpr int tma_n_smem_bytes() {
+  return S * (BM + 16) * BKC * 16 + 1024;
+}
 
-// LOOP: the block takes column tiles blockIdx.x, + gridDim.x, ... (the launcher sizes the grid to
+// The body of both layouts' TMA kernels. TRANS (gemv_tma_t): P1 = BMC 16-byte column chunks per
+// block, 64 rows of W a stage. Layout N (gemv_tma_n): P1 = BM rows per block, P2 = BKC 16-byte
+// chunks of k a stage, in BKC / 8 boxes of BM rows x 128 bytes (W) and of 16 vectors (x).
+// LOOP: the block takes output tiles blockIdx.x, + gridDim.x, ... (the launcher sizes the grid to
 // the blocks that fit at once); its producer streams the next tile's stages while the consumer
 // warps finish and store the last. Otherwise the block's tile is blockIdx.x.
-template <typename T, int THREADS, int BMC, int S, bool LOOP = false>
-__global__ void __launch_bounds__(THREADS, 1) gemv_tma_t(const __grid_constant__ TmaTArgs p) {
+template <typename T, bool TRANS, int THREADS, int P1, int P2, int S, bool LOOP>
+__device__ __forceinline__ void tma_gemv(const TmaTArgs& p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int NV = 16;
   constexpr bool kF32 = std::is_same<T, float>::value;
-  constexpr int E = tma_t_box_values<T>();  // columns of a W box, k of an x box
+  constexpr int VW = 16 / int(sizeof(T));   // values of a 16-byte chunk
+  constexpr int E = tma_t_box_values<T>();  // values of a box row: columns of a W box (T), k
   constexpr int CW = THREADS / 32 - 1;      // consumer warps; the last warp produces
-  constexpr int BN = 16 / int(sizeof(T)) * BMC;  // columns per block
-  constexpr int WN = BN / CW;               // columns per consumer warp
-  constexpr int KR = kTmaTRows;
-  constexpr int BOX = KR * 128;             // bytes of one box of W
-  constexpr int W_BYTES = BN / E * BOX;
+  constexpr int BN = TRANS ? VW * P1 : P1;  // outputs (columns, or rows of W) per block
+  constexpr int WN = BN / CW;               // outputs per consumer warp
+  constexpr int KR = TRANS ? kTmaTRows : P2 * VW;  // k per stage
+  constexpr int BOX = TRANS ? kTmaTRows * 128 : BN * 128;  // bytes of one box of W
+  constexpr int W_BYTES = (TRANS ? BN : KR) / E * BOX;
   constexpr int X_BOX = NV * 128;           // bytes of one box of x
   constexpr int STAGE = W_BYTES + KR / E * X_BOX;
-  static_assert(S * STAGE + 1024 == tma_t_smem_bytes<T, BMC, S>(), "gemv_tma_t: the ring's size");
-  static_assert(CW >= 1 && BN % E == 0 && BN % CW == 0 && WN % (kF32 ? 8 : 16) == 0 && S >= 2,
-                "gemv_tma_t: whole boxes, whole tiles (16-bit: pairs of tiles) per consumer warp");
+  static_assert(S * STAGE + 1024 == (TRANS ? tma_t_smem_bytes<T, P1, S>() : tma_n_smem_bytes<P1, P2, S>()),
+                "tma_gemv: the ring's size");
+  static_assert(CW >= 1 && BN % CW == 0 && S >= 2 && (TRANS ? BN % E == 0 : P2 % 8 == 0 && BN <= 256),
+                "tma_gemv: whole boxes of at most 256 rows");
+  static_assert(WN % (TRANS && kF32 ? 8 : 16) == 0, "tma_gemv: whole tiles (ldmatrix: pairs of tiles) per warp");
   extern __shared__ __align__(128) uint8_t tma_t_ring[];
   __shared__ __align__(8) uint64_t full[S], empty[S];
   const Args& a = p.a;
@@ -91,9 +111,12 @@ __global__ void __launch_bounds__(THREADS, 1) gemv_tma_t(const __grid_constant__
   const BlockWork<T, NV> bw(a);
   const int split = bw.split, nv = bw.nv;
   const int64_t g = bw.g, v0 = bw.v0;
-  const int64_t tiles = (a.M + BN - 1) / BN;  // column tiles (LOOP)
-  const int64_t k_begin = min(int64_t(split) * a.split_span, a.K);
-  const int64_t k_end = min(k_begin + a.split_span, a.K);
+  const int64_t tiles = (a.M + BN - 1) / BN;  // output tiles (LOOP)
+  // The split's k: a span of whole stages (rows of W; layout N: 16-byte chunks, whose count leaves
+  // out K's last K % VW values, so the last split runs to K). The TMA's zero fill past K ends it.
+  const int64_t span = TRANS ? a.split_span : a.split_span * VW;
+  const int64_t k_begin = min(int64_t(split) * span, a.K);
+  const int64_t k_end = !TRANS && split == a.splits - 1 ? a.K : min(k_begin + span, a.K);
   const int64_t steps = (k_end - k_begin + KR - 1) / KR;
   const uint32_t ring = (tma::addr(tma_t_ring) + 1023u) & ~1023u;
   const uint32_t full0 = tma::addr(&full[0]), empty0 = tma::addr(&empty[0]);
@@ -111,8 +134,8 @@ __global__ void __launch_bounds__(THREADS, 1) gemv_tma_t(const __grid_constant__
   if (warp == CW) {
     if (lane == 0) {
       const uint64_t policy = l2_evict_first();  // for W; x stays as it is
-      // The stages of the tile at col0; st0: the block's stages before them (the ring's count).
-      auto produce = [&](int64_t col0, int64_t st0) {
+      // The stages of the tile at m0; st0: the block's stages before them (the ring's count).
+      auto produce = [&](int64_t m0, int64_t st0) {
         for (int64_t j = 0; j < steps; ++j) {
           const int64_t st = st0 + j;
           const int s = int(st % S);
@@ -122,8 +145,12 @@ __global__ void __launch_bounds__(THREADS, 1) gemv_tma_t(const __grid_constant__
           const uint32_t dst = ring + uint32_t(s) * STAGE, bar = full0 + 8 * s;
           tma::expect(bar, STAGE);
 #pragma unroll
-          for (int b = 0; b < BN / E; ++b)
-            tma::box_hint(dst + b * BOX, &p.wmap, int(col0) + E * b, k0, int(g), bar, policy);
+          for (int b = 0; b < W_BYTES / BOX; ++b) {
+            if constexpr (TRANS)
+              tma::box_hint(dst + b * BOX, &p.wmap, int(m0) + E * b, k0, int(g), bar, policy);
+            else
+              tma::box_hint(dst + b * BOX, &p.wmap, k0 + E * b, int(m0), int(g), bar, policy);
+          }
 #pragma unroll
           for (int b = 0; b < KR / E; ++b) tma::box(dst + W_BYTES + b * X_BOX, &p.xmap, k0 + E * b, int(v0), int(g), bar);
         }
@@ -139,9 +166,9 @@ __global__ void __launch_bounds__(THREADS, 1) gemv_tma_t(const __grid_constant__
     return;
   }
 
-  // The consumer warps' work on the tile at col0, whose stages follow st0 of the block's; last:
+  // The consumer warps' work on the tile at m0, whose stages follow st0 of the block's; last:
   // the block's last tile.
-  auto consume = [&](int64_t col0, int64_t st0, bool last) {
+  auto consume = [&](int64_t m0, int64_t st0, bool last) {
     float acc[WN / 8][4], accs[WN / 8][4];  // accs: fp32's small terms
 #pragma unroll
     for (int j = 0; j < WN / 8; ++j)
@@ -153,7 +180,22 @@ __global__ void __launch_bounds__(THREADS, 1) gemv_tma_t(const __grid_constant__
       const int s = int(st % S);
       tma::wait(full0 + 8 * s, uint32_t(st / S) & 1u);
       const uint32_t base = ring + uint32_t(s) * STAGE;
-      if constexpr (kF32) {
+      if constexpr (!TRANS) {
+        // ldmatrix rows of this lane (see gemv_tile.cuh): x's vector l % 8 + 8 ((l / 8) % 2) at
+        // chunk + l / 16; W's row (of the warp's) l % 8 + 8 (l / 16) at chunk + (l / 8) % 2. A k
+        // step (16 k; fp32: 8) is chunks 2 kk, 2 kk + 1: box kk / 4, chunks 2 (kk % 4) of it, each
+        // at chunk ^ (row % 8) = ^ (l % 8).
+        const uint32_t xa = base + W_BYTES + 128 * (lane % 8 + 8 * ((lane / 8) % 2));
+        const uint32_t wb = base + 128 * (warp * WN + lane % 8 + 8 * (lane / 16));
+        const int xc = lane / 16, wc = (lane / 8) % 2, sw = lane % 8;
+        auto a_frag = [&](int kk, uint32_t (&af)[4]) {
+          ldsm_x4(af, xa + (kk / 4) * X_BOX + 16 * ((2 * (kk % 4) + xc) ^ sw));
+        };
+        auto b_frag = [&](int kk, int q, uint32_t (&bf)[4]) {
+          ldsm_x4(bf, wb + (kk / 4) * BOX + 16 * 128 * q + 16 * ((2 * (kk % 4) + wc) ^ sw));
+        };
+        tile_stage_mma<T, P2 / 2>(acc, accs, a_frag, b_frag);
+      } else if constexpr (kF32) {
         // Lane (gq, t). B word of k step kk, tile j: stage row 8 kk + 2t (+ 1 for b1), column
         // warp WN + 8 j + gq, in box col / 32 at chunk (col % 32) / 4 ^ (row % 8), word col % 4.
         // A: vectors gq and gq + 8 at k 8 kk + 2t and + 1: box kk / 4, chunk 2 (kk % 4) + t / 2 ^ gq.
@@ -212,11 +254,11 @@ __global__ void __launch_bounds__(THREADS, 1) gemv_tma_t(const __grid_constant__
       if (last && rows_storable<T>(a)) {
         asm volatile("bar.sync 1, %0;" ::"r"(CW * 32) : "memory");
         T* stage = reinterpret_cast<T*>(tma_t_ring + (ring - tma::addr(tma_t_ring)) + warp * STAGED);
-        store_tile_rows<T, WN>(a, g, v0, nv, col0 + warp * WN, acc, stage);
+        store_tile_rows<T, WN>(a, g, v0, nv, m0 + warp * WN, acc, stage);
         return;
       }
     }
-    store_tile<T, WN>(a, split, g, v0, nv, col0 + warp * WN, acc);
+    store_tile<T, WN>(a, split, g, v0, nv, m0 + warp * WN, acc);
   };
   if constexpr (LOOP) {
     int64_t st0 = 0;
@@ -226,6 +268,17 @@ __global__ void __launch_bounds__(THREADS, 1) gemv_tma_t(const __grid_constant__
     consume(int64_t(blockIdx.x) * BN, 0, true);
   }
 #endif
+}
+
+// Layout T (see the header): BMC 16-byte column chunks per block, S stages of 64 rows of W.
+template <typename T, int THREADS, int BMC, int S, bool LOOP = false>
+__global__ void __launch_bounds__(THREADS, 1) gemv_tma_t(const __grid_constant__ TmaTArgs p) {
+  tma_gemv<T, true, THREADS, BMC, 8, S, LOOP>(p);
+}
+// Layout N (see the header): BM rows per block, S stages of BKC 16-byte chunks of k.
+template <typename T, int THREADS, int BM, int BKC, int S, bool LOOP = false>
+__global__ void __launch_bounds__(THREADS, 1) gemv_tma_n(const __grid_constant__ TmaTArgs p) {
+  tma_gemv<T, false, THREADS, BM, BKC, S, LOOP>(p);
 }
 
 }  // namespace kernels
