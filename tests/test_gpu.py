@@ -378,7 +378,7 @@ TMA = [c["id"] for c in CONFIGS if c["family"].startswith(("TransposedTma", "Row
                                                      "odd_w_stride", "odd_x_stride", "many_tiles", "many_tiles_split",
                                                      "tail_split")))
 def test_tma(cp: Any, rng: np.random.Generator, cfg_id: int, dtype: str, case: str) -> None:
-    """The TMA kernels (kernels/gemv_tma_t.cuh, both layouts) on Hopper: a partial last block of
+    """The TMA kernels (kernels/gemv_tma.cuh, both layouts) on Hopper: a partial last block of
     outputs (boxes partly and wholly past M), a partial last stage (k past K: the TMA's zero fill),
     19 vectors (a full chunk of 16 and a partial one), split-K, beta; odd K and odd M in padded
     rows of W; W rows (odd_w_stride: M values in layout T, K in N) or x rows not on 16 bytes take

@@ -42,7 +42,7 @@
 //              per block, P2 = 8-row groups of W per stage, UNROLL = stages, NV = 16; fp32 as three
 //              tf32 mma per product.
 //   TransposedTma: TransposedTile on Hopper with W and x streamed by the TMA unit's bulk copies
-//              (kernels/gemv_tma_t.cuh): THREADS - 32 consumer threads and a producer warp, P1 =
+//              (kernels/gemv_tma.cuh): THREADS - 32 consumer threads and a producer warp, P1 =
 //              16-byte column chunks per block (whole boxes of 128-byte rows), P2 = 8 (64 rows of W
 //              per stage), UNROLL = stages, NV = 16; fp32 as three tf32 mma per product. Other GPUs
 //              and operands the copies cannot take run the Transposed kernel with THREADS - 32
@@ -50,7 +50,7 @@
 //   TransposedTmaLoop: TransposedTma with a grid of the blocks that fit at once, each taking every
 //              gridDim.x-th column tile: its producer streams the next tile while its consumers
 //              store the last (many short tiles: short K, small blocks).
-//   RowMajorTma, RowMajorTmaLoop: the same for layout N (kernels/gemv_tma_t.cuh, gemv_tma_n): P1 =
+//   RowMajorTma, RowMajorTmaLoop: the same for layout N (kernels/gemv_tma.cuh, gemv_tma_n): P1 =
 //              rows per block (at most 256), P2 = 16-byte chunks of K per stage (whole 128-byte
 //              boxes), UNROLL = stages, NV = 16; fragments as RowMajorTile's. Other GPUs and
 //              operands the copies cannot take run the RowMajor kernel with THREADS - 32 threads,

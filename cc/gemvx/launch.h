@@ -33,7 +33,7 @@ int effective_splits(const Problem& p, int config, int splits);
 
 // The paths a launch of this problem with this config takes on the current device, for tests:
 // kPathTma: a QuantTma, TransposedTma(Loop) or RowMajorTma(Loop) config runs its TMA kernel
-// (kernels/gemv_quant_tma.cuh, kernels/gemv_tma_t.cuh), not its fallback;
+// (kernels/gemv_quant_tma.cuh, kernels/gemv_tma.cuh), not its fallback;
 // kPathPrefetch: the kernel asks L2 for its first W before it waits on the previous kernel
 // (kernels/common.cuh, Args::prefetch_blocks);
 // kPathLean: a RowMajorLean or RowMajorPipelinedLean config runs its kernel with the lean argument

@@ -22,7 +22,7 @@
 #include "kernels/gemv_rowmajor.cuh"
 #include "kernels/gemv_tile.cuh"
 #include "kernels/gemv_tile_t.cuh"
-#include "kernels/gemv_tma_t.cuh"
+#include "kernels/gemv_tma.cuh"
 #include "kernels/gemv_transposed.cuh"
 #include "launch.h"
 
@@ -360,7 +360,7 @@ inline EncodeTiled encode_tiled() {
   return fn;
 }
 
-// 16 vectors on tensor cores, W and x streamed by the TMA (kernels/gemv_tma_t.cuh): THREADS - 32
+// 16 vectors on tensor cores, W and x streamed by the TMA (kernels/gemv_tma.cuh): THREADS - 32
 // consumer threads and a producer warp, U = S stages. Runs on Hopper with operands the TMA takes
 // (plan); otherwise the CUDA-core kernel runs with THREADS - 32 threads, the same outputs per block
 // and the same splits.

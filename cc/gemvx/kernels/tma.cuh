@@ -1,5 +1,5 @@
 // Hopper's tensor memory accelerator (TMA) and shared-memory barriers (mbarrier), for the kernels
-// that stream W through shared memory with bulk copies (gemv_quant_tma.cuh, gemv_tma_t.cuh).
+// that stream W through shared memory with bulk copies (gemv_quant_tma.cuh, gemv_tma.cuh).
 // sm_90 and newer only: the callers compile these under the same architecture guard.
 #pragma once
 

@@ -1,16 +1,17 @@
-// Layout T, 16 vectors against one W on tensor cores, Hopper (sm_90): W and x streamed into
-// shared memory by the tensor memory accelerator (TMA), one instruction per 64-column box of a
-// stage, so the bytes in flight cost no registers and no per-thread copies (gemv_tile_t.cuh issues
-// one cp.async per 16 bytes and thread). One bulk copy per row of a stage was tried first and ran
-// at about half the bandwidth of gemv_tile_t (benchmarks/NOTES.md).
+// Up to 16 vectors against one W on tensor cores, Hopper (sm_90), layout T (gemv_tma_t) and
+// layout N (gemv_tma_n, below): W and x streamed into shared memory by the tensor memory
+// accelerator (TMA), one instruction per box of a stage, so the bytes in flight cost no registers
+// and no per-thread copies (gemv_tile_t.cuh issues one cp.async per 16 bytes and thread). One bulk
+// copy per row of a stage was tried first and ran at about half the bandwidth of gemv_tile_t
+// (benchmarks/NOTES.md).
 //
-// W is stored (K, M) row-major; a block owns BN = 8 BMC consecutive columns and its split of K,
-// taken in stages of KR = 64 rows. A block is CW consumer warps and one producer warp, whose lane
-// 0 arms a stage's `full` barrier with the stage's bytes and loads it: BN / 64 boxes of W (64
-// columns x KR rows) and one box of x (KR values of k x 16 vectors), each 128 bytes a row with the
-// TMA's 128-byte swizzle (16-byte chunk c of row r at chunk c ^ (r % 8)), so the eight rows of an
-// ldmatrix matrix fall in eight bank groups. It waits on the stage's `empty` barrier (one arrival
-// per consumer warp) before refilling it.
+// Layout T: W is stored (K, M) row-major; a block owns BN = 8 BMC consecutive columns and its
+// split of K, taken in stages of KR = 64 rows. A block is CW consumer warps and one producer warp,
+// whose lane 0 arms a stage's `full` barrier with the stage's bytes and loads it: BN / 64 boxes
+// of W (64 columns x KR rows) and one box of x (KR values of k x 16 vectors), each 128 bytes a
+// row with the TMA's 128-byte swizzle (16-byte chunk c of row r at chunk c ^ (r % 8)), so the
+// eight rows of an ldmatrix matrix fall in eight bank groups. It waits on the stage's `empty`
+// barrier (one arrival per consumer warp) before refilling it.
 // Each consumer warp owns WN = BN / CW columns and every k of a stage: per 16 k, one ldmatrix.x4
 // of x (the A fragment: 16 vectors x 16 k) and, per 16 columns, one ldmatrix.x4.trans of W (two B
 // fragments), then mma.m16n8k16 with fp32 accumulation, as gemv_tile_t.
