@@ -576,6 +576,34 @@ def test_time_jit_wall_real_clock_on_cpu() -> None:
     assert got["stable"] == ("why" not in got) and (got["us"] > 0 or not got["stable"])
 
 
+@pytest.mark.parametrize("dtype_name", ["float32", "float16"])
+@pytest.mark.parametrize("tr,batch", [(False, False), (False, True), (True, False), (True, True)])
+def test_xla_dot_peer(dtype_name: str, tr: bool, batch: bool) -> None:
+    """XLA's peer computes the case's product (W (M, K), or stored (K, M) with tr; x one vector or
+    a batch of rows), and asks for HIGHEST precision in float32 only: XLA's default there is one
+    TF32 pass, which fails the float32 tolerance on GPUs."""
+    jax = pytest.importorskip("jax")
+    jnp = jax.numpy
+    rng = np.random.default_rng(5)
+    M, K, B = 7, 5, 3
+    W = rng.standard_normal((K, M) if tr else (M, K))
+    x = rng.standard_normal((B, K) if batch else K)
+    name, op = bench.xla_dot(jax, dtype_name, tr, batch)
+    Wj, xj = jnp.asarray(W, dtype=dtype_name), jnp.asarray(x, dtype=dtype_name)
+    A = W.T if tr else W
+    want = x @ A.T
+    got = np.asarray(jax.jit(op)(Wj, xj), dtype=np.float64)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 if dtype_name == "float32" else 3e-2)
+    eqn = [e for e in jax.make_jaxpr(op)(Wj, xj).jaxpr.eqns if e.primitive.name == "dot_general"]
+    assert len(eqn) == 1
+    prec = eqn[0].params["precision"]
+    if dtype_name == "float32":
+        assert name == "jnp.dot (precision=HIGHEST)"
+        assert prec == (jax.lax.Precision.HIGHEST, jax.lax.Precision.HIGHEST)
+    else:
+        assert name == "jnp.dot" and prec is None
+
 # ---- gemvx._measure with NumPy in place of CuPy ----------------------------------------------
 
 @pytest.mark.parametrize("transpose", [False, True])
