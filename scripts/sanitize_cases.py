@@ -1,6 +1,6 @@
 """Representative launches for compute-sanitizer (memcheck / racecheck): every compiled config
 in its aligned and unaligned variants, split-K, edge tails, K = 0, batches, broadcasting, the lean
-argument block, and the quantised configs and formats (int8 / int4, group-wise and per-channel,
+argument block, the TMA Loop configs over many tiles, and the quantised configs and formats (int8 / int4, group-wise and per-channel,
 with zero points).
 Each result is checked against a float64 product, so a run that "passes" the sanitizer but
 computes garbage still fails. Small sizes: the sanitizer slows kernels by orders of magnitude.
@@ -98,6 +98,18 @@ def main() -> int:
             W = rows_view(host((37, 304), dt), True)
             check(W, rand((304,), dt), False, c["id"])
             check(W, rand((304,), dt), False, c["id"], out=rand((37,), dt), alpha=0.5, beta=-2.0)
+    # The TMA Loop configs with more output tiles than fit at once (600), so that a block takes
+    # several in turn: its producer fills the next tile's stages while the consumers store the last
+    # (the runs above have one tile, which a Loop block runs as the plain kernel). Rows on 16 bytes.
+    for c in (c for c in gemvx.configs() if c["family"].endswith("TmaLoop")):
+        tr = c["layout"] == "T"
+        for dt in (cp.float16, cp.float32):
+            vw = 16 // np.dtype(dt).itemsize
+            outs, ks = (vw * c["p1"], 8 * c["p2"]) if tr else (c["p1"], vw * c["p2"])  # a tile, a stage
+            M, K = 600 * outs + 24, 2 * ks + 8
+            for splits in (1, 2):
+                W = rows_view(host((K, M) if tr else (M, K), dt), True)
+                check(W, rand((3, K), dt), tr, (c["id"], splits))
     y = gemvx.cupy_gemv(cp.zeros((5, 0), cp.float32), cp.zeros((0,), cp.float32))
     count += 1
     if not bool(cp.all(y == 0)):
