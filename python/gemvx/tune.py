@@ -23,9 +23,10 @@ Which candidates run: batch 1 takes the configs with ``max_vectors == 1``, batch
 multi-vector ones (W read once per pass); ``--all-configs`` runs every config of the layout.
 Split counts 1, 2, 4, ... 256 are tried as far as the launcher uses them (``effective_splits``:
 every split keeps a full unrolled step per lane, so K limits them); the Lean configs only
-unsplit (split, they run the full-block kernel of the same geometry unchanged). The config the current table
-picks is always timed too, to report what the new table gains. Among results within 1% of the fastest, the fewest splits win (no
-workspace and no second kernel for eager callers).
+unsplit (split, they run the full-block kernel of the same geometry unchanged). The config the
+current table picks is always timed too, to report what the new table gains. Among results
+within 1% of the fastest, the fewest splits win (no workspace and no second kernel for eager
+callers).
 
 The default grid: float32, float16, bfloat16 x layouts N, T x batches 1, 4, 16 x M, K in powers
 of two 256 .. 131072 with W at most 1 GiB, plus the shapes of DESIGN.md section 6. ``--dry-run``
