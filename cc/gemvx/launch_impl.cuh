@@ -103,6 +103,27 @@ inline bool lean_args(const Args& a, int vw, kernels::LeanArgs* l) {
   return true;
 }
 
+// Blocks of `Kernel` (with `threads` threads and `smem` bytes of dynamic shared memory, the same
+// at every call) resident per SM on the current device, asked once a device; 0 where the query
+// fails or no device is known.
+template <auto Kernel>
+int blocks_per_sm(int threads, int smem) {
+  const DeviceInfo& d = device_info();
+  if (d.id < 0) return 0;
+  static std::atomic<int32_t> known[64] = {};  // blocks per SM + 1; 0: not asked yet
+  int32_t n = known[d.id].load(std::memory_order_relaxed);
+  if (n == 0) {
+    int blocks = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, Kernel, threads, smem) != cudaSuccess) {
+      cudaGetLastError();
+      blocks = 0;
+    }
+    n = blocks + 1;
+    known[d.id].store(n, std::memory_order_relaxed);
+  }
+  return n - 1;
+}
+
 // Args::prefetch_blocks for a launch of the row-major kernel `Kernel` by a Prefetch config
 // (kernels/common.cuh: the blocks resident from the start ask L2 for their first rows of W before
 // they wait on the previous kernel): as many blocks as fit on the GPU at once, where programmatic
@@ -114,20 +135,8 @@ int32_t prefetch_blocks(dim3 grid, int threads) {
   if (!pdl_enabled()) return 0;
   const DeviceInfo& d = device_info();
   if (d.id < 0 || d.sms <= 0) return 0;
-  // Blocks of Kernel resident per SM, + 1 (0: not asked yet), per device.
-  static std::atomic<int32_t> per_sm[64] = {};
-  int32_t n = per_sm[d.id].load(std::memory_order_relaxed);
-  if (n == 0) {
-    int blocks = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, Kernel, threads, 0) != cudaSuccess) {
-      cudaGetLastError();
-      blocks = 0;
-    }
-    n = blocks + 1;
-    per_sm[d.id].store(n, std::memory_order_relaxed);
-  }
   const int64_t total = int64_t(grid.x) * grid.y * grid.z;
-  return int32_t(std::min<int64_t>(total, int64_t(n - 1) * d.sms));
+  return int32_t(std::min<int64_t>(total, int64_t(blocks_per_sm<Kernel>(threads, 0)) * d.sms));
 }
 
 // Whether `kernel` can run with `bytes` of dynamic shared memory on the current device. More than
@@ -401,18 +410,10 @@ struct TmaFamily {
   template <typename T>
   static unsigned loop_grid_x(dim3 grid) {
     const DeviceInfo& dev = device_info();
-    static std::atomic<int> per_sm_known[64] = {};  // blocks per SM + 1; 0: not asked yet
-    if (dev.id < 0) return grid.x;
-    int per_sm = per_sm_known[dev.id].load(std::memory_order_relaxed) - 1;
-    if (per_sm < 0) {
-      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kKernel<T>, THREADS, kSmem<T>) != cudaSuccess) {
-        cudaGetLastError();
-        return grid.x;
-      }
-      per_sm_known[dev.id].store(per_sm + 1, std::memory_order_relaxed);
-    }
+    const int per_sm = blocks_per_sm<kKernel<T>>(THREADS, kSmem<T>);
+    if (per_sm <= 0 || dev.sms <= 0) return grid.x;  // no answer: one tile a block
     const int64_t slices = int64_t(grid.y) * grid.z;
-    const int64_t resident = (int64_t(dev.sms) * std::max(per_sm, 1) + slices - 1) / slices;
+    const int64_t resident = (int64_t(dev.sms) * per_sm + slices - 1) / slices;
     return unsigned(std::max<int64_t>(1, std::min<int64_t>(grid.x, resident)));
   }
 
