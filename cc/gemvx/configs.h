@@ -190,6 +190,4 @@
   X(123, TransposedTmaLoop, 160, 16, 8, 4, 16) \
   X(124, TransposedTmaLoop, 288, 32, 8, 4, 16) \
   X(125, RowMajorTma, 288, 128, 16, 4, 16)     \
-  X(126, RowMajorTmaLoop, 160, 64, 16, 4, 16) \
-  X(127, RowMajorTmaLoop, 160, 64, 32, 2, 16) \
-  X(128, RowMajorTmaLoop, 160, 64, 32, 3, 16)
+  X(126, RowMajorTmaLoop, 160, 64, 16, 4, 16)

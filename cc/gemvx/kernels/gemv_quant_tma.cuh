@@ -486,8 +486,7 @@ __global__ void __launch_bounds__(THREADS) gemv_quant_tma(const __grid_constant_
             for (int e = 0; e < 4; ++e) acc[0][e] = fmaf(cm.cs[f][e], cols[e], acc[0][e]);
           }
         }
-        __syncwarp();
-        if (lane == 0) tma::arrive(tma::addr(&empty[warp][s]));
+        tma::release(tma::addr(&empty[warp][s]));
         if constexpr (kGrouped) cur = nxt;
       }
       // C tile: [0..1] row g, columns 2t and 2t + 1; [2..3] the same for row g + 8.

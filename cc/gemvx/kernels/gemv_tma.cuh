@@ -240,8 +240,7 @@ __device__ __forceinline__ void tma_gemv(const TmaTArgs& p) {
           }
         }
       }
-      __syncwarp();
-      if (lane == 0) tma::arrive(empty0 + 8 * s);
+      tma::release(empty0 + 8 * s);
     }
     join_tf32<T, WN / 2>(&acc[0][0], &accs[0][0]);
     if (last) pdl_trigger();

@@ -22,6 +22,16 @@ __device__ __forceinline__ void expect(uint32_t bar, uint32_t bytes) {
 __device__ __forceinline__ void arrive(uint32_t bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
 }
+// A consumer warp hands a stage it has read back to the producer: each lane's proxy fence orders
+// its reads of the stage (ldmatrix, ld.shared: the generic proxy) before the async proxy's writes
+// (the TMA refill that lane 0's arrival on `bar` allows). Without the fence the refill could land
+// under reads still in flight: TransposedTmaLoop 160-thread fp16, 64 splits, 16 vectors, gave a
+// wrong sum in 3 to 15 of 30 launches on an H100 and none with it (benchmarks/NOTES.md).
+__device__ __forceinline__ void release(uint32_t bar) {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  __syncwarp();
+  if (threadIdx.x % 32 == 0) arrive(bar);
+}
 __device__ __forceinline__ void wait(uint32_t bar, uint32_t parity) {
   asm volatile(
       "{\n .reg .pred p;\n WAIT_%=:\n mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
