@@ -245,8 +245,19 @@ __device__ __noinline__ void rowmajor_start(const Args* a) {
 #endif
 }
 
-// Final store of one output: y = alpha * acc + beta * y_in (y_in not read when beta == 0), or the
-// partial sum into the split-K workspace.
+// y[g, v, m] = alpha * acc + beta * y_in[g, v, m] (y_in not read when beta == 0): the final store
+// of one output, by store_output and by the split-K finish pass (finish.cuh).
+template <typename T>
+__device__ __forceinline__ void store_final(const Args& a, int64_t g, int64_t v, int64_t m, float acc) {
+  float out = a.alpha * acc;
+  if (a.beta != 0.0f) {
+    const T* yi = static_cast<const T*>(a.y_in);
+    out += a.beta * to_float(yi[g * a.y_in_group + v * a.y_in_vec + m]);
+  }
+  static_cast<T*>(a.y)[g * a.y_group + v * a.y_vec + m] = from_float<T>(out);
+}
+
+// A kernel's store of one output: store_final, or the partial sum into the split-K workspace.
 template <typename T>
 __device__ __forceinline__ void store_output(const Args& a, int split, int64_t g, int64_t v,
                                              int64_t m, float acc) {
@@ -254,12 +265,7 @@ __device__ __forceinline__ void store_output(const Args& a, int split, int64_t g
     a.ws[((int64_t(split) * a.groups + g) * a.nvec + v) * a.M + m] = acc;
     return;
   }
-  float out = a.alpha * acc;
-  if (a.beta != 0.0f) {
-    const T* yi = static_cast<const T*>(a.y_in);
-    out += a.beta * to_float(yi[g * a.y_in_group + v * a.y_in_vec + m]);
-  }
-  static_cast<T*>(a.y)[g * a.y_group + v * a.y_vec + m] = from_float<T>(out);
+  store_final<T>(a, g, v, m, acc);
 }
 template <typename T>
 __device__ __forceinline__ void store_output(const LeanArgs& a, int, int64_t, int64_t, int64_t m,

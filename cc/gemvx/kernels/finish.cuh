@@ -24,10 +24,7 @@ __global__ void __launch_bounds__(256) finish(const Args a) {
       v = gv % a.nvec;
       g = gv / a.nvec;
     }
-    float out = a.alpha * s;
-    if (a.beta != 0.0f)
-      out += a.beta * to_float(static_cast<const T*>(a.y_in)[g * a.y_in_group + v * a.y_in_vec + m]);
-    static_cast<T*>(a.y)[g * a.y_group + v * a.y_vec + m] = from_float<T>(out);
+    store_final<T>(a, g, v, m, s);
   }
 }
 
