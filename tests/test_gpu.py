@@ -374,6 +374,15 @@ def test_lean_configs(cp: Any, rng: np.random.Generator, cfg_id: int, dtype: str
 TMA = [c["id"] for c in CONFIGS if c["family"].startswith(("TransposedTma", "RowMajorTma"))]
 
 
+def tma_geometry(cfg_id: int, dtype: str) -> tuple[bool, int, int]:
+    """A TMA config's layout (True: T) and, for dtype, its outputs per block and k per stage."""
+    cfg = CONFIG_BY_ID[cfg_id]
+    tr = cfg["layout"] == "T"
+    vw = 16 // np_dtype(dtype).itemsize
+    outs, ks = (vw * cfg["p1"], 8 * cfg["p2"]) if tr else (cfg["p1"], vw * cfg["p2"])
+    return tr, outs, ks
+
+
 @pytest.mark.parametrize("cfg_id,dtype,case", cases(TMA, ("float16", "bfloat16", "float32"),
                                                     ("whole", "split", "beta", "odd_k", "odd_m", "odd_m_one_vector",
                                                      "odd_w_stride", "odd_x_stride", "many_tiles", "many_tiles_split",
@@ -389,10 +398,7 @@ def test_tma(cp: Any, rng: np.random.Generator, cfg_id: int, dtype: str, case: s
     once, so a ...Loop block takes several in turn. tail_split: K's last values (fewer than a
     16-byte chunk) past splits that end on whole chunks (layout N counts K in chunks). The poisoned
     output shows any element not written."""
-    cfg = CONFIG_BY_ID[cfg_id]
-    tr = cfg["layout"] == "T"
-    vw = 16 // np.dtype(np_dtype(dtype)).itemsize
-    outs, ks = (vw * cfg["p1"], 8 * cfg["p2"]) if tr else (cfg["p1"], vw * cfg["p2"])  # per block, per stage
+    tr, outs, ks = tma_geometry(cfg_id, dtype)
     M = (600 if case.startswith("many") else 2) * outs + 24 + (3 if case.startswith("odd_m") else 0)
     K = {"split": 7 * ks + 8, "odd_k": 3 * ks + 13, "many_tiles": 2 * ks + 8, "tail_split": 4 * ks + 3,
          "odd_w_stride": 3 * ks + 24 + (0 if tr else 3)}.get(case, 3 * ks + 24)
@@ -430,10 +436,7 @@ def test_tma_ring_reuse(cp: Any, cfg_id: int, dtype: str) -> None:
 
     if int(cp.cuda.Device().compute_capability) < 90:
         pytest.skip("the TMA kernels run on compute capability 9.0 only")
-    cfg = CONFIG_BY_ID[cfg_id]
-    tr = cfg["layout"] == "T"
-    vw = 16 // np_dtype(dtype).itemsize
-    outs, ks = (vw * cfg["p1"], 8 * cfg["p2"]) if tr else (cfg["p1"], vw * cfg["p2"])  # per block, per stage
+    tr, outs, ks = tma_geometry(cfg_id, dtype)
     M, K, B, splits = 128 * outs, 128 * ks, 16, 64
     rs = cp.random.RandomState(cfg_id)
     W_d = me.from_f32(cp, rs.standard_normal(stored_shape(M, K, tr), dtype=cp.float32), np_dtype(dtype))
