@@ -20,7 +20,10 @@ decode step. (32x, as the benchmarks rotate: W read with an L2 evict-first polic
 partly in L2 when a rotation of 4x L2 comes back to it; benchmarks/NOTES.md.)
 
 Which candidates run: batch 1 takes the configs with ``max_vectors == 1``, batches > 1 the
-multi-vector ones (W read once per pass); ``--all-configs`` runs every config of the layout.
+multi-vector ones (W read once per pass), and every config of the layout where a dense W is 4 MiB
+or less: there the one-vector configs, which read W once per vector (from L2 after the first),
+win many batched points (up to 2x at float32 T b16 256x256, 1.2-1.3x at 512x512 and 1024x1024;
+benchmarks/NOTES.md). ``--all-configs`` runs every config of the layout everywhere.
 Split counts 1, 2, 4, ... 256 are tried as far as the launcher uses them (``effective_splits``:
 every split keeps a full unrolled step per lane, so K limits them); the Lean configs only
 unsplit (split, they run the full-block kernel of the same geometry unchanged). The config the
@@ -69,6 +72,7 @@ QUICK_SIZES = (256, 1024, 4096, 16384, 65536)
 DESIGN_SHAPES = ((1024, 1024), (2048, 2048), (4096, 4096), (8192, 8192), (28672, 8192),
                  (128256, 4096), (256, 65536), (65536, 256), (1000, 4096))
 MAX_W_BYTES = 1 << 30          # grid points with a larger W are served by the nearest smaller one
+ALL_CONFIGS_W_BYTES = 4 << 20  # dense batches with W this small time the one-vector configs too
 SPLITS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 QUANT_X_DTYPES = ("float16", "bfloat16")  # x dtypes of the quantised kernels
 TIE = 0.01                     # within 1% of the fastest, fewer splits win
@@ -189,7 +193,8 @@ def candidates(p: Point, *, all_configs: bool = False) -> list[tuple[int, int]]:
     quant = quant_format(p.dtype) is not None
     cfgs = [c for c in compiled_configs()
             if c["layout"] == p.layout and bool(c.get("quant")) == quant]
-    if not all_configs:
+    small = not quant and p.batch > 1 and p.M * p.K * itemsize(p.dtype) <= ALL_CONFIGS_W_BYTES
+    if not (all_configs or small):
         if quant:  # every Quant config takes several vectors: the 16-vector ones above 8
             sel = [c for c in cfgs if (int(c["max_vectors"]) > 8) == (p.batch > 8)]
         else:
