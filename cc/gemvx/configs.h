@@ -99,7 +99,6 @@
   X(22, Transposed, 128, 32, 1, 8, 1)         \
   X(24, Transposed, 512, 32, 1, 4, 1)         \
   X(25, Transposed, 256, 32, 1, 2, 4)         \
-  X(26, Transposed, 256, 32, 1, 1, 16)        \
   X(27, Transposed, 512, 16, 1, 4, 1)         \
   X(28, Transposed, 256, 8, 1, 4, 1)          \
   X(29, Transposed, 1024, 32, 1, 4, 1)        \
@@ -119,7 +118,6 @@
   X(48, RowMajorMma, 256, 4, 1, 4, 16)        \
   X(49, RowMajorMma, 128, 4, 2, 4, 16)        \
   X(52, TransposedMma, 256, 16, 1, 4, 16)     \
-  X(53, TransposedMma, 256, 32, 2, 2, 16)     \
   X(54, TransposedMma, 128, 8, 1, 4, 16)      \
   X(57, RowMajorMmaPipelined, 128, 4, 1, 2, 16) \
   X(58, RowMajorMmaPipelined, 128, 4, 1, 4, 16) \
@@ -129,7 +127,6 @@
   X(62, RowMajorLean, 128, 128, 1, 4, 1)      \
   X(63, RowMajorPipelinedLean, 128, 32, 1, 2, 1) \
   X(64, RowMajorPipelinedLean, 256, 32, 1, 4, 1) \
-  X(65, TransposedMmaPipelined, 256, 32, 2, 1, 16) \
   X(66, RowMajorPipelinedLean, 256, 32, 2, 4, 1) \
   X(67, RowMajorPipelinedLean, 64, 32, 1, 4, 1) \
   X(68, RowMajorPipelinedLean, 64, 64, 1, 4, 1) \
@@ -190,4 +187,5 @@
   X(123, TransposedTmaLoop, 160, 16, 8, 4, 16) \
   X(124, TransposedTmaLoop, 288, 32, 8, 4, 16) \
   X(125, RowMajorTma, 288, 128, 16, 4, 16)     \
-  X(126, RowMajorTmaLoop, 160, 64, 16, 4, 16)
+  X(126, RowMajorTmaLoop, 160, 64, 16, 4, 16) \
+  X(139, TransposedTma, 160, 8, 8, 4, 16)
