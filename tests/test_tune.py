@@ -240,9 +240,10 @@ def test_default_grid_fits_the_time_budget() -> None:
     layout T batches 4 and 16 now take them at 158 of 164 points; 21.1 with the TransposedTmaLoop
     configs, 22.9 with the RowMajorTma ones, about 0.9 minute each: configs that no table takes
     once they are measured should go; 25 since batches 4 and 16 with W of 4 MiB or less time
-    the one-vector configs too, about 1.6 minutes for gains up to 2x at those points; 23.2 after
-    configs 26, 53 and 65, which no table took, went and TransposedTma config 139 came, about
-    0.55 minute for a 1.02-1.06 same-run gain on layout T batches 4 and 16 up to 64 MiB.)"""
+    the one-vector configs too, about 1.6 minutes for gains up to 2x at those points; 23.9 after
+    configs 53 and 65, which no table or fallback rule took, went and TransposedTma config 139
+    came, about 0.55 minute for a 1.02-1.06 same-run gain on layout T batches 4 and 16 up to
+    64 MiB.)"""
     pts = tune.grid()
     n = [len(tune.candidates(p)) for p in pts]
     est = tune.estimate_seconds(pts, n, 60 << 20)

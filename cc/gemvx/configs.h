@@ -99,6 +99,7 @@
   X(22, Transposed, 128, 32, 1, 8, 1)         \
   X(24, Transposed, 512, 32, 1, 4, 1)         \
   X(25, Transposed, 256, 32, 1, 2, 4)         \
+  X(26, Transposed, 256, 32, 1, 1, 16)        \
   X(27, Transposed, 512, 16, 1, 4, 1)         \
   X(28, Transposed, 256, 8, 1, 4, 1)          \
   X(29, Transposed, 1024, 32, 1, 4, 1)        \
