@@ -26,6 +26,7 @@ from helpers import (
     cases,
     dequantize64,
     idfn,
+    np_dtype,
     poisoned,
     quant_id,
     random_array,
@@ -293,16 +294,23 @@ def test_tma_scales_alpha_beta(cp: Any, rng: np.random.Generator, fmt: tuple[int
     run_checked(cp, q, x, q_d=q_d, x_d=x_d, alpha=alpha, beta=beta, y_in=y_in, config=(TMA_CONFIGS[0], splits))
 
 
+# Rows of the NaN / Inf and large-x tests: every block of config TMA_CONFIGS[0] has tile groups
+# without a tile (they sum x's rounds while the others start), and with 8453 most blocks have none
+# (their consumer warps sum x's rounds in the pass that orders it).
+X_EDGE_ROWS = (40, 8453)
+
+
 @GPU
-@pytest.mark.parametrize("fmt,one_by_one,splits", cases(
-    [(8, None, False), (8, 64, False), (4, 128, False), (4, 128, True)], (False, True), (1, 3)), ids=qid)
+@pytest.mark.parametrize("fmt,one_by_one,splits,rows", cases(
+    [(8, None, False), (8, 64, False), (4, 128, False), (4, 128, True)], (False, True), (1, 3), X_EDGE_ROWS),
+    ids=qid)
 def test_tma_nan_and_inf_in_x(cp: Any, rng: np.random.Generator, fmt: tuple[int, Any, bool],
-                              one_by_one: bool, splits: int) -> None:
+                              one_by_one: bool, splits: int, rows: int) -> None:
     """NaN in x gives NaN rows, +inf gives +-inf by the weight's sign (NaN for a zero weight): two
     vectors in one call, or one vector per call (group scales then take a C column per round;
     zero points then go through x's round sums, except in a split whose x is not finite)."""
     K = _tma_k(fmt[0], 1024)
-    q = random_quantized(rng, (40, K), fmt)
+    q = random_quantized(rng, (rows, K), fmt)
     x = random_array(rng, (2, K), "float16")
     x[0, 700] = np.nan
     x[1, 5] = np.inf
@@ -317,6 +325,21 @@ def test_tma_nan_and_inf_in_x(cp: Any, rng: np.random.Generator, fmt: tuple[int,
     w5 = dequantize64(q)[:, 5]  # +inf times the sign of the weight, or NaN for a zero weight
     want = np.where(w5 > 0, np.inf, np.where(w5 < 0, -np.inf, np.nan))
     np.testing.assert_array_equal(got[1], want)
+
+
+@GPU
+@pytest.mark.parametrize("rows,exponent", cases(X_EDGE_ROWS, (100, 112, 113)), ids=qid)
+def test_tma_zero_points_large_x(cp: Any, rng: np.random.Generator, rows: int, exponent: int) -> None:
+    """bfloat16 x near the top of its range, one vector, int4 with zero points: below 2^112 the
+    codes go into the mmas offset and x's round sums take the offset out; from 2^112 up the split
+    takes exact q - z (the offset sums could overflow). Finite and right either way."""
+    K = _tma_k(4, 1024)
+    q = random_quantized(rng, (rows, K), (4, 128, True))
+    x = (random_array(rng, (K,), "float32") * np.float32(2.0**exponent)).astype(np_dtype("bfloat16"))
+    q_d, x_d = to_device(cp, q), cp.asarray(x)
+    assert _tma_used(cp, q_d, x_d, TMA_CONFIGS[0], 1) == _hopper(cp)
+    got = run_checked(cp, q, x, q_d=q_d, x_d=x_d, config=(TMA_CONFIGS[0], 1))
+    assert np.isfinite(got.astype(np.float32)).all()
 
 
 DENSE_N = next(c["id"] for c in gemvx.configs() if not c["quant"] and c["layout"] == "N" and c["max_vectors"] == 1)

@@ -116,6 +116,9 @@ struct QuantMath<__half> : PairOps<__half2> {
   }
   // int4x8_offset's pairs are 1024 + 16 q: kOffsetScale (1024 + 16 q) - kOffsetBase = q.
   static constexpr float kOffsetScale = 1.0f / 16.0f, kOffsetBase = 64.0f;
+  // A half's exponent bits, and those from which x takes the exact path (gemv_quant_tma.cuh):
+  // only NaN and infinity (a round's sums of 128 halves stay far inside fp32).
+  static constexpr uint32_t kExpMask = 0x7C00u, kBigExp = 0x7C00u;
   // Four signed bytes -> two pairs (k0, k1), (k2, k3), exact.
   static __device__ __forceinline__ void int8x4(uint32_t w, uint32_t (&p)[2]) {
     const uint32_t u = w ^ 0x80808080u;  // b + 128, as unsigned bytes
@@ -142,6 +145,9 @@ struct QuantMath<__nv_bfloat16> : PairOps<__nv_bfloat162> {
   }
   // int4x8_offset's pairs are 128 + 8 q: kOffsetScale (128 + 8 q) - kOffsetBase = q.
   static constexpr float kOffsetScale = 1.0f / 8.0f, kOffsetBase = 16.0f;
+  // A bf16's exponent bits, and those from which x takes the exact path (gemv_quant_tma.cuh):
+  // 2^112 and up (a round's sum of 128 values times offset codes below 2^8 stays below 2^127).
+  static constexpr uint32_t kExpMask = 0x7F80u, kBigExp = 0x7780u;
   static __device__ __forceinline__ void int8x4(uint32_t w, uint32_t (&p)[2]) {
     const uint32_t u = w ^ 0x80808080u;
     float f[4];

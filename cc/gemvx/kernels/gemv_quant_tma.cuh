@@ -93,7 +93,7 @@ __global__ void __launch_bounds__(THREADS) gemv_quant_tma(const __grid_constant_
   using Q = QuantMath<T>;
   extern __shared__ __align__(128) uint8_t quant_tma_ring[];
   uint8_t* const smem = quant_tma_ring;
-  __shared__ __align__(8) uint64_t full[CW][S], empty[CW][S], x_ready;
+  __shared__ __align__(8) uint64_t full[CW][S], empty[CW][S], x_ready, sums_ready;
   const QuantArgs& q = p.q;
   const Args& a = q.a;
   const int lane = threadIdx.x % 32;
@@ -118,6 +118,12 @@ __global__ void __launch_bounds__(THREADS) gemv_quant_tma(const __grid_constant_
   // Tile of group tg of this block in round n: rounds spread over every block.
   const int64_t per_round = int64_t(gridDim.x) * TG;
   auto tile_of = [&](int64_t n, int tg) { return n * per_round + int64_t(tg) * gridDim.x + blockIdx.x; };
+  // Tile groups of this block with no tile at all: the last ones, where the tiles are fewer than the
+  // grid's groups. With one vector and zero points (kColumnsZ) their warps sum x over its rounds
+  // while the others start their stages.
+  int spare = 0;
+#pragma unroll
+  for (int i = 0; i < TG; ++i) spare += tile_of(0, i) >= tiles ? 1 : 0;
   T* xs = reinterpret_cast<T*>(smem + std::size_t(CW) * S * WSTAGE);
 
   // Where the launch overlaps the previous kernel (PDL) and K is not split (the launcher's
@@ -136,6 +142,7 @@ __global__ void __launch_bounds__(THREADS) gemv_quant_tma(const __grid_constant_
         tma::init(tma::addr(&empty[w][s]), 1);
       }
     tma::init(tma::addr(&x_ready), 1);
+    tma::init(tma::addr(&sums_ready), uint32_t(spare > 0 ? spare * WT * 32 : 1));
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   // WT > 1: the partial C tiles of warps 1..WT-1 of each tile, two rounds apart, after the x;
@@ -222,11 +229,14 @@ __global__ void __launch_bounds__(THREADS) gemv_quant_tma(const __grid_constant_
   //     With zero points (kColumnsZ, int4) the codes go into the mmas still offset
   //     (int4x8_offset: no half-pair arithmetic), and each column, before it is scaled, becomes
   //     kOffsetScale times its sum less (kOffsetBase + z) times its round's sum of x (fp32,
-  //     summed once per block), z the round's zero point, loaded beside its scale. Where the
-  //     block's x holds a NaN or an infinity, those sums would turn a weight's +-inf into NaN,
-  //     so such blocks take kColumnsZx: exact integers q - z into the mmas, the rounds' own zero
-  //     points biasing the dequantisation as in kRounds. (Symmetric int4 keeps q - 8 exact: the
-  //     x sums ahead of the first stage cost it more than the arithmetic they save.)
+  //     summed once per block: by the warps of the tile groups that have no tile, while the
+  //     others run their first stage, or where every group has one, by all consumer warps
+  //     before it), z the round's zero point, loaded beside its scale. Where the block's x holds
+  //     a NaN or an infinity, those sums would turn a weight's +-inf into NaN, and where it
+  //     holds a value of Q::kBigExp or more the offset sums could overflow, so such blocks take
+  //     kColumnsZx: exact integers q - z into the mmas, the rounds' own zero points biasing the
+  //     dequantisation as in kRounds. (Symmetric int4 keeps q - 8 exact: the x sums ahead of
+  //     the first stage cost it more than the arithmetic they save.)
   //   kRounds (several vectors, whose columns the tile needs): each round's own tile is scaled.
   // The mmas take exact integers (but kColumnsZ's). Zero points of kRounds and kColumnsZx, and
   // the kRounds scales, of a stage's (round rd, row h) are entry j = 2 rd + h, held by lane j % 4
@@ -360,7 +370,7 @@ __global__ void __launch_bounds__(THREADS) gemv_quant_tma(const __grid_constant_
   };
 
   // The consumer warps' work in mode `mode`; x_done: x has arrived and is in place already (a
-  // kColumnsZ call that found a NaN or an infinity in x, and returned false).
+  // kColumnsZ call that found a NaN, an infinity or a value too large in x, and returned false).
   auto consume = [&](auto mode, bool x_done) {
     constexpr Mode M = decltype(mode)::value;
     constexpr bool kGrouped = M != kRowEnd;
@@ -374,31 +384,43 @@ __global__ void __launch_bounds__(THREADS) gemv_quant_tma(const __grid_constant_
     if (!x_done) {
       tma::wait(tma::addr(&x_ready), 0);
       if constexpr (kOffset) {
-        // x into the k order of the B fragments as below, and in the same pass summed over each
-        // 64-byte round of W: a round is 16 pieces of 8 values, taken by 16 lanes of one warp
-        // (the pieces of x, x_elems / 8, are whole warps' worth: x_elems covers whole stages),
-        // each adding its piece in fp32, then across the 16 in a fixed order; and whether any
-        // sum is not finite. Unrolled: the pieces' shuffle chains overlap (they sit between x's
-        // arrival and the first stage).
-        uint32_t bad = 0u;
-#pragma unroll 4
-        for (int i = threadIdx.x; i < p.x_elems / 8; i += CW * 32) {
-          uint4* q8 = reinterpret_cast<uint4*>(xs) + i;
-          const uint4 v = *q8;
-          *q8 = int4_pair_order(v.x, v.y, v.z, v.w);
+        // x into the k order of the B fragments as below; whether any value of x is too large
+        // for the offset path (Q::kBigExp: its round sums, or the mmas' sums of the offset codes
+        // times x, could overflow; a NaN or an infinity); and the round sums of x: each 16 lanes
+        // of a warp sum a round, 16 pieces of 8 values, each lane adding its piece in fp32, then
+        // across the 16 in a fixed order (the pieces of x, x_elems / 8, are whole warps' worth:
+        // x_elems covers whole stages).
+        auto piece_sum = [&](uint4 v) {  // a piece's 8 values in fp32, in a fixed order
           float sum = 0.0f;
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const uint32_t w = word_of(v, e);
             sum += float(Q::pair(w).x) + float(Q::pair(w).y);
           }
+          return sum;
+        };
+        auto round_sum = [&](int i, uint4 v) {
+          float sum = piece_sum(v);
 #pragma unroll
           for (int o = 1; o < 16; o *= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-          if (lane % 16 == 0) {
-            xsum[i / 16] = sum;
-            bad |= isfinite(sum) ? 0u : 1u;
-          }
+          if (lane % 16 == 0) xsum[i / 16] = sum;
+        };
+        uint32_t big = 0u;  // the largest exponent bits of x, per half
+        auto order = [&](int i) {
+          uint4* q8 = reinterpret_cast<uint4*>(xs) + i;
+          const uint4 v = *q8;
+          *q8 = int4_pair_order(v.x, v.y, v.z, v.w);
+          constexpr uint32_t m = Q::kExpMask * 0x00010001u;
+          big = __vmaxu2(big, __vmaxu2(__vmaxu2(v.x & m, v.y & m), __vmaxu2(v.z & m, v.w & m)));
+          return v;
+        };
+        if (spare == 0) {  // the sums in the same pass. Unrolled: the pieces' shuffle chains overlap
+#pragma unroll 4
+          for (int i = threadIdx.x; i < p.x_elems / 8; i += CW * 32) round_sum(i, order(i));
+        } else {
+          for (int i = threadIdx.x; i < p.x_elems / 8; i += CW * 32) order(i);
         }
+        const uint32_t bad = (big & 0xFFFFu) >= Q::kBigExp || (big >> 16) >= Q::kBigExp ? 1u : 0u;
         uint32_t any;  // the consumer warps only, or-reducing `bad` on the way
         asm volatile("{\n .reg .pred p, q;\n setp.ne.u32 p, %1, 0;\n bar.red.or.pred q, 1, %2, p;\n"
                      " selp.u32 %0, 1, 0, q;\n}"
@@ -406,6 +428,27 @@ __global__ void __launch_bounds__(THREADS) gemv_quant_tma(const __grid_constant_
                      : "r"(bad), "n"(CW * 32)
                      : "memory");
         if (any) return false;
+        if (spare > 0 && tg >= TG - spare) {
+          // A warp of a spare group (no tile): the round sums, then each thread arrives on
+          // sums_ready, which the warps with tiles wait on before their first use of a sum, so
+          // they run their first stage meanwhile.
+          // Four lanes a round, four pieces each: eight rounds a warp at a time, two shuffles.
+          const int rounds = p.x_elems / 128;
+#pragma unroll 2
+          for (int r0 = (warp - (TG - spare) * WT) * 8; r0 < rounds; r0 += spare * WT * 8) {
+            const int r = r0 + lane / 4;
+            const uint4* piece = reinterpret_cast<const uint4*>(xs) + (r < rounds ? r : 0) * 16 + (lane % 4) * 4;
+            float part[4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) part[j] = piece_sum(piece[j]);
+            float sum = (part[0] + part[1]) + (part[2] + part[3]);
+            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+            if (lane % 4 == 0 && r < rounds) xsum[r] = sum;
+          }
+          tma::arrive(tma::addr(&sums_ready));
+          return true;
+        }
       } else if constexpr (BITS == 4) {
         // int4: x in shared memory goes into the k order of the B fragments once (each 8 values
         // k = 0..7 as (0, 4), (1, 5), (2, 6), (3, 7)), so the rounds load the fragments directly.
@@ -474,6 +517,9 @@ __global__ void __launch_bounds__(THREADS) gemv_quant_tma(const __grid_constant_
 #pragma unroll
             for (int e = 0; e < 4; ++e) cols[e] = (tl[0][e] + tl[1][e]) + (tl[2][e] + tl[3][e]);
             if constexpr (kOffset) {  // less (kOffsetBase + z) times the columns' round sums of x
+              // The stage is read: released before the first sums are waited for.
+              if (f == FL - 1) tma::release(tma::addr(&empty[warp][s]));
+              if (spare > 0 && cnt == 0 && f == 0) tma::wait(tma::addr(&sums_ready), 0);
               const int r0 = k * ROUNDS + f * RW + (2 * t < RW ? 2 * t : 0);  // even: 8-byte aligned
               const float2 xr = *reinterpret_cast<const float2*>(xsum + r0);
 #pragma unroll
@@ -486,7 +532,7 @@ __global__ void __launch_bounds__(THREADS) gemv_quant_tma(const __grid_constant_
             for (int e = 0; e < 4; ++e) acc[0][e] = fmaf(cm.cs[f][e], cols[e], acc[0][e]);
           }
         }
-        tma::release(tma::addr(&empty[warp][s]));
+        if constexpr (!kOffset) tma::release(tma::addr(&empty[warp][s]));
         if constexpr (kGrouped) cur = nxt;
       }
       // C tile: [0..1] row g, columns 2t and 2t + 1; [2..3] the same for row g + 8.
