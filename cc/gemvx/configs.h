@@ -9,6 +9,8 @@
 //              meet in a shuffle/shared-memory reduction), P2 = rows per thread.
 //   RowMajorPipelined: the same, with the next step's loads issued before the current step's
 //              math (more registers, loads always ahead); wins on many fp32 and small shapes.
+//              With several vectors (NV > 1) only W's loads run ahead; x's chunks are read in the
+//              math, and a warp's lanes meet in a reduce-scatter (kernels/gemv_rowmajor.cuh).
 //   RowMajorPrefetch, RowMajorPipelinedPrefetch: RowMajor and RowMajorPipelined (the same
 //              kernels), whose blocks resident from the start ask L2 for their first rows of W
 //              before they wait on the previous kernel (programmatic dependent launch): for the
@@ -189,4 +191,6 @@
   X(124, TransposedTmaLoop, 288, 32, 8, 4, 16) \
   X(125, RowMajorTma, 288, 128, 16, 4, 16)     \
   X(126, RowMajorTmaLoop, 160, 64, 16, 4, 16) \
-  X(139, TransposedTma, 160, 8, 8, 4, 16)
+  X(139, TransposedTma, 160, 8, 8, 4, 16)    \
+  X(140, RowMajorPipelined, 256, 32, 4, 1, 4) \
+  X(141, RowMajorPipelined, 256, 32, 2, 2, 4)

@@ -20,10 +20,10 @@ decode step. (32x, as the benchmarks rotate: W read with an L2 evict-first polic
 partly in L2 when a rotation of 4x L2 comes back to it; benchmarks/NOTES.md.)
 
 Which candidates run: batch 1 takes the configs with ``max_vectors == 1``, batches > 1 the
-multi-vector ones (W read once per pass), and every config of the layout where a dense W is 4 MiB
-or less: there the one-vector configs, which read W once per vector (from L2 after the first),
-win many batched points (up to 2x at float32 T b16 256x256, 1.2-1.3x at 512x512 and 1024x1024;
-benchmarks/NOTES.md). ``--all-configs`` runs every config of the layout everywhere.
+multi-vector ones that take the whole batch in one pass over W (the most vectors where none
+does), and every config of the layout where a dense W is 4 MiB or less: there the one-vector
+configs, which read W once per vector (from L2 after the first), win many batched points (up to
+2x at float32 T b16 256x256, 1.2-1.3x at 512x512 and 1024x1024; benchmarks/NOTES.md). ``--all-configs`` runs every config of the layout everywhere.
 Split counts 1, 2, 4, ... 256 are tried as far as the launcher uses them (``effective_splits``:
 every split keeps a full unrolled step per lane, so K limits them); the Lean configs only
 unsplit (split, they run the full-block kernel of the same geometry unchanged). The config the
@@ -197,8 +197,11 @@ def candidates(p: Point, *, all_configs: bool = False) -> list[tuple[int, int]]:
     if not (all_configs or small):
         if quant:  # every Quant config takes several vectors: the 16-vector ones above 8
             sel = [c for c in cfgs if (int(c["max_vectors"]) > 8) == (p.batch > 8)]
+        elif p.batch > 1:  # configs that take the whole batch in one pass over W, or the most
+            most = max(int(c.get("max_vectors", 1)) for c in cfgs)
+            sel = [c for c in cfgs if int(c.get("max_vectors", 1)) >= min(p.batch, most) > 1]
         else:
-            sel = [c for c in cfgs if (int(c.get("max_vectors", 1)) > 1) == (p.batch > 1)]
+            sel = [c for c in cfgs if int(c.get("max_vectors", 1)) == 1]
         cfgs = sel or cfgs
     prob = _problem(p)
     out = []

@@ -2,11 +2,17 @@
 //
 // TPR lanes share a row and walk K in 16-byte chunks (lane l reads chunks l, l+TPR, ...), so a
 // warp's loads are contiguous. Each thread owns R rows and issues UNROLL x R stream loads of W
-// per step. PIPE (single-vector configs) software-pipelines the steps in registers: the next
-// step's loads are issued before the current step's math, so they stay in flight whatever order
-// ptxas picks (without it, ptxas sometimes interleaves loads with math; scripts/check_sass.py). Partial sums meet in a shuffle (and, for TPR > 32, one shared-memory
-// step in fixed order, so results are bitwise reproducible). With split-K, blockIdx.y selects a
-// contiguous K range and the partial sums go to the workspace; finish.cuh adds them in order.
+// per step. PIPE software-pipelines the steps in registers: the next step's loads of W (one
+// vector: and of x) are issued before the current step's math, so they stay in flight whatever
+// order ptxas picks (without it, ptxas sometimes interleaves loads with math;
+// scripts/check_sass.py). Several vectors read their x chunks in the math (L1 hits after a block's
+// first rows), which keeps the registers for the R x NV sums.
+// Partial sums meet in a shuffle (and, for TPR > 32, one shared-memory step in fixed order, so
+// results are bitwise reproducible). PIPE's vectors within one warp meet in a reduce-scatter:
+// log2(TPR) halvings leave each lane the sums of NV / TPR vectors of its R rows (about R x NV
+// shuffles, against R x NV x log2(TPR) for every sum in every lane), which it stores.
+// With split-K, blockIdx.y selects a contiguous K range and the partial sums go to the workspace;
+// finish.cuh adds them in order.
 //
 // P is the argument block: Args, or LeanArgs for one plain GEMV (one vector, one matrix, no
 // split, K a whole number of 16-byte chunks, 32-bit sizes; the Lean configs). The lean
@@ -133,6 +139,39 @@ __global__ void __launch_bounds__(THREADS) gemv_rowmajor(const __grid_constant__
 #pragma unroll
       for (int u = 0; u < U; ++u) fma_chunk(w[u], xc[u]);
     }
+  } else if constexpr (PIPE) {
+    // Several vectors: W's next step is loaded before this step's math; x's chunks in the math.
+    auto load_w = [&](Chunk (&w)[U][R], I c0) {
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int j = 0; j < R; ++j)
+          w[u][j] = load_stream(reinterpret_cast<const Chunk*>(wrow[j]) + c0 + u * TPR);
+    };
+    auto math = [&](const Chunk (&w)[U][R], I c0) {
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        Chunk xc[NV];
+#pragma unroll
+        for (int v = 0; v < NV; ++v) xc[v] = load_keep(reinterpret_cast<const Chunk*>(xv[v]) + c0 + u * TPR);
+        fma_chunk(w[u], xc);
+      }
+    };
+    if (c + (U - 1) * TPR < c_end) {
+      Chunk w[U][R];
+      load_w(w, c);
+#pragma unroll 1
+      for (c += U * TPR; c + (U - 1) * TPR < c_end; c += U * TPR) {
+        Chunk wn[U][R];
+        load_w(wn, c);
+        math(w, c - U * TPR);
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+#pragma unroll
+          for (int j = 0; j < R; ++j) w[u][j] = wn[u][j];
+      }
+      math(w, c - U * TPR);
+    }
   } else {
     // The loads are written out here rather than through load_step: the shared lambda changes
     // ptxas's schedule of several unpipelined kernels (checked by SASS diff), and this is the
@@ -198,6 +237,51 @@ __global__ void __launch_bounds__(THREADS) gemv_rowmajor(const __grid_constant__
         }
       }
     }
+  }
+
+  if constexpr (PIPE && NV > 1 && WARPS_PER_ROW == 1) {
+    // Reduce-scatter over the row's lanes: at each halving (lane bit o) a lane keeps half of its
+    // vectors, the upper half if its bit is set, and adds its partner's partial sums of them; it
+    // ends with vectors vbase .. vbase + NF - 1 of all its rows. Once one vector is left (NV <
+    // TPR), the remaining halvings add the pair's sums, and the SAME lanes that hold them alike
+    // leave the store to the first. Each sum is a + b of the pair in either order: bitwise the
+    // same in both lanes and from run to run.
+    int vbase = 0;
+    int n = NV;
+#pragma unroll
+    for (int o = WARP_TPR / 2; o > 0; o /= 2) {
+      const bool hi = (lane & o) != 0;
+      if (n > 1) {
+        const int h = n / 2;
+#pragma unroll
+        for (int i = 0; i < NV / 2; ++i) {
+          if (i < h) {
+#pragma unroll
+            for (int j = 0; j < R; ++j) {
+              const float send = hi ? acc[j][i] : acc[j][i + h];
+              const float keep = hi ? acc[j][i + h] : acc[j][i];
+              acc[j][i] = keep + __shfl_xor_sync(0xffffffffu, send, o);
+            }
+          }
+        }
+        if (hi) vbase += h;
+        n = h;
+      } else {
+#pragma unroll
+        for (int j = 0; j < R; ++j) acc[j][0] += __shfl_xor_sync(0xffffffffu, acc[j][0], o);
+      }
+    }
+    constexpr int NF = NV / WARP_TPR > 0 ? NV / WARP_TPR : 1;
+    constexpr int SAME = NV < WARP_TPR ? WARP_TPR / NV : 1;  // lanes holding the same vectors
+    if (lane % SAME == 0) {
+#pragma unroll
+      for (int j = 0; j < R; ++j)
+#pragma unroll
+        for (int i = 0; i < NF; ++i)
+          if (row[j] < a.M && vbase + i < nv)
+            store_output<T>(a, split, g, v0 + vbase + i, int64_t(row[j]), acc[j][i]);
+    }
+    return;
   }
 
 #pragma unroll
