@@ -23,7 +23,8 @@ Which candidates run: batch 1 takes the configs with ``max_vectors == 1``, batch
 multi-vector ones that take the whole batch in one pass over W (the most vectors where none
 does), and every config of the layout where a dense W is 4 MiB or less: there the one-vector
 configs, which read W once per vector (from L2 after the first), win many batched points (up to
-2x at float32 T b16 256x256, 1.2-1.3x at 512x512 and 1024x1024; benchmarks/NOTES.md). ``--all-configs`` runs every config of the layout everywhere.
+2x at float32 T b16 256x256, 1.2-1.3x at 512x512 and 1024x1024; benchmarks/NOTES.md).
+``--all-configs`` runs every config of the layout everywhere.
 Split counts 1, 2, 4, ... 256 are tried as far as the launcher uses them (``effective_splits``:
 every split keeps a full unrolled step per lane, so K limits them); the Lean configs only
 unsplit (split, they run the full-block kernel of the same geometry unchanged). The config the

@@ -107,16 +107,34 @@ __global__ void __launch_bounds__(THREADS) gemv_rowmajor(const __grid_constant__
   };
 
   I c = c_begin + lane;
-  if constexpr (PIPE && NV == 1) {
+  if constexpr (PIPE) {
+    // One vector: x's chunks are loaded a step ahead with W's. Several: x's chunks are read in the
+    // math, and the registers go to the R x NV sums.
+    constexpr bool X_AHEAD = NV == 1;
     auto load_step = [&](Chunk (&w)[U][R], Chunk (&xc)[U][NV], I c0) {
 #pragma unroll
       for (int u = 0; u < U; ++u)
 #pragma unroll
         for (int j = 0; j < R; ++j)
           w[u][j] = load_stream(reinterpret_cast<const Chunk*>(wrow[j]) + c0 + u * TPR);
+      if constexpr (X_AHEAD) {
 #pragma unroll
-      for (int u = 0; u < U; ++u)
-        xc[u][0] = load_keep(reinterpret_cast<const Chunk*>(xv[0]) + c0 + u * TPR);
+        for (int u = 0; u < U; ++u)
+          xc[u][0] = load_keep(reinterpret_cast<const Chunk*>(xv[0]) + c0 + u * TPR);
+      }
+    };
+    auto math = [&](const Chunk (&w)[U][R], const Chunk (&xc)[U][NV], I c0) {
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        if constexpr (X_AHEAD) {
+          fma_chunk(w[u], xc[u]);
+        } else {
+          Chunk xs[NV];
+#pragma unroll
+          for (int v = 0; v < NV; ++v) xs[v] = load_keep(reinterpret_cast<const Chunk*>(xv[v]) + c0 + u * TPR);
+          fma_chunk(w[u], xs);
+        }
+      }
     };
     if (c + (U - 1) * TPR < c_end) {
       Chunk w[U][R];
@@ -127,50 +145,15 @@ __global__ void __launch_bounds__(THREADS) gemv_rowmajor(const __grid_constant__
         Chunk wn[U][R];
         Chunk xn[U][NV];
         load_step(wn, xn, c);
-#pragma unroll
-        for (int u = 0; u < U; ++u) fma_chunk(w[u], xc[u]);
+        math(w, xc, c - U * TPR);
 #pragma unroll
         for (int u = 0; u < U; ++u) {
 #pragma unroll
           for (int j = 0; j < R; ++j) w[u][j] = wn[u][j];
-          xc[u][0] = xn[u][0];
+          if constexpr (X_AHEAD) xc[u][0] = xn[u][0];
         }
       }
-#pragma unroll
-      for (int u = 0; u < U; ++u) fma_chunk(w[u], xc[u]);
-    }
-  } else if constexpr (PIPE) {
-    // Several vectors: W's next step is loaded before this step's math; x's chunks in the math.
-    auto load_w = [&](Chunk (&w)[U][R], I c0) {
-#pragma unroll
-      for (int u = 0; u < U; ++u)
-#pragma unroll
-        for (int j = 0; j < R; ++j)
-          w[u][j] = load_stream(reinterpret_cast<const Chunk*>(wrow[j]) + c0 + u * TPR);
-    };
-    auto math = [&](const Chunk (&w)[U][R], I c0) {
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        Chunk xc[NV];
-#pragma unroll
-        for (int v = 0; v < NV; ++v) xc[v] = load_keep(reinterpret_cast<const Chunk*>(xv[v]) + c0 + u * TPR);
-        fma_chunk(w[u], xc);
-      }
-    };
-    if (c + (U - 1) * TPR < c_end) {
-      Chunk w[U][R];
-      load_w(w, c);
-#pragma unroll 1
-      for (c += U * TPR; c + (U - 1) * TPR < c_end; c += U * TPR) {
-        Chunk wn[U][R];
-        load_w(wn, c);
-        math(w, c - U * TPR);
-#pragma unroll
-        for (int u = 0; u < U; ++u)
-#pragma unroll
-          for (int j = 0; j < R; ++j) w[u][j] = wn[u][j];
-      }
-      math(w, c - U * TPR);
+      math(w, xc, c - U * TPR);
     }
   } else {
     // The loads are written out here rather than through load_step: the shared lambda changes
@@ -281,45 +264,44 @@ __global__ void __launch_bounds__(THREADS) gemv_rowmajor(const __grid_constant__
           if (row[j] < a.M && vbase + i < nv)
             store_output<T>(a, split, g, v0 + vbase + i, int64_t(row[j]), acc[j][i]);
     }
-    return;
-  }
-
+  } else {
 #pragma unroll
-  for (int j = 0; j < R; ++j)
+    for (int j = 0; j < R; ++j)
 #pragma unroll
-    for (int v = 0; v < NV; ++v) acc[j][v] = group_sum<WARP_TPR>(acc[j][v]);
+      for (int v = 0; v < NV; ++v) acc[j][v] = group_sum<WARP_TPR>(acc[j][v]);
 
-  if constexpr (WARPS_PER_ROW > 1) {
-    // One partial per warp; the row's first warp adds them in a fixed order.
-    __shared__ float red[GROUPS][WARPS_PER_ROW][R * NV];
-    const int wi = lane / 32;
-    if (lane % 32 == 0) {
+    if constexpr (WARPS_PER_ROW > 1) {
+      // One partial per warp; the row's first warp adds them in a fixed order.
+      __shared__ float red[GROUPS][WARPS_PER_ROW][R * NV];
+      const int wi = lane / 32;
+      if (lane % 32 == 0) {
+#pragma unroll
+        for (int j = 0; j < R; ++j)
+#pragma unroll
+          for (int v = 0; v < NV; ++v) red[grp][wi][j * NV + v] = acc[j][v];
+      }
+      __syncthreads();
+      if (wi != 0) return;
 #pragma unroll
       for (int j = 0; j < R; ++j)
 #pragma unroll
-        for (int v = 0; v < NV; ++v) red[grp][wi][j * NV + v] = acc[j][v];
+        for (int v = 0; v < NV; ++v) {
+          float s = 0.0f;
+#pragma unroll
+          for (int q = 0; q < WARPS_PER_ROW; ++q) s += red[grp][q][j * NV + v];
+          acc[j][v] = s;
+        }
     }
-    __syncthreads();
-    if (wi != 0) return;
+
+    // Every lane holds the totals; spread the R x NV stores over the lanes.
 #pragma unroll
     for (int j = 0; j < R; ++j)
 #pragma unroll
       for (int v = 0; v < NV; ++v) {
-        float s = 0.0f;
-#pragma unroll
-        for (int q = 0; q < WARPS_PER_ROW; ++q) s += red[grp][q][j * NV + v];
-        acc[j][v] = s;
+        if (lane == (j * NV + v) % WARP_TPR && row[j] < a.M && v < nv)
+          store_output<T>(a, split, g, v0 + v, int64_t(row[j]), acc[j][v]);
       }
   }
-
-  // Every lane holds the totals; spread the R x NV stores over the lanes.
-#pragma unroll
-  for (int j = 0; j < R; ++j)
-#pragma unroll
-    for (int v = 0; v < NV; ++v) {
-      if (lane == (j * NV + v) % WARP_TPR && row[j] < a.M && v < nv)
-        store_output<T>(a, split, g, v0 + v, int64_t(row[j]), acc[j][v]);
-    }
 }
 
 }  // namespace kernels
