@@ -287,6 +287,21 @@ def test_choose_prefers_fewer_splits_within_tie() -> None:
     assert tune.choose([{"config": 1, "splits": 1, "status": "ERR"}]) is None
 
 
+def test_choose_keeps_the_current_choice_within_tie() -> None:
+    """A rerun does not swap configs on noise: the table's current (config, splits) stays when it
+    is within 1% of the fastest, even against fewer splits; beyond 1%, or failed, it goes."""
+    res = [{"config": 5, "splits": 1, "us": 10.0, "status": "ok"},
+           {"config": 6, "splits": 4, "us": 10.08, "status": "ok"},
+           {"config": 7, "splits": 1, "us": 10.5, "status": "ok"}]
+    assert tune.choose(res)["config"] == 5
+    assert tune.choose(res, (6, 4))["config"] == 6
+    assert tune.choose(res, (6, 2))["config"] == 5  # same config, other splits: not the current
+    assert tune.choose(res, (7, 1))["config"] == 5  # 5% slower: replaced
+    assert tune.choose(res, (9, 1))["config"] == 5  # not timed here
+    res[1]["status"] = "FAIL"
+    assert tune.choose(res, (6, 4))["config"] == 5
+
+
 # ---- writing and merging tables ----------------------------------------------------------------
 
 def _run() -> dict:

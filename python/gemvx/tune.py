@@ -29,8 +29,8 @@ Split counts 1, 2, 4, ... 256 are tried as far as the launcher uses them (``effe
 every split keeps a full unrolled step per lane, so K limits them); the Lean configs only
 unsplit (split, they run the full-block kernel of the same geometry unchanged). The config the
 current table picks is always timed too, to report what the new table gains. Among results
-within 1% of the fastest, the fewest splits win (no workspace and no second kernel for eager
-callers).
+within 1% of the fastest, the current choice stays (a rerun does not swap configs on timing
+noise); else the fewest splits win (no workspace and no second kernel for eager callers).
 
 The default grid: float32, float16, bfloat16 x layouts N, T x batches 1, 4, 16 x M, K in powers
 of two 256 .. 131072 with W at most 1 GiB, plus the shapes of DESIGN.md section 6. ``--dry-run``
@@ -76,7 +76,7 @@ MAX_W_BYTES = 1 << 30          # grid points with a larger W are served by the n
 ALL_CONFIGS_W_BYTES = 4 << 20  # dense batches with W this small time the one-vector configs too
 SPLITS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 QUANT_X_DTYPES = ("float16", "bfloat16")  # x dtypes of the quantised kernels
-TIE = 0.01                     # within 1% of the fastest, fewer splits win
+TIE = 0.01                     # within 1% of the fastest: the current choice, else fewer splits
 
 # Timing plan (see the module docstring).
 REPLAY_TARGET_S = 100e-6       # work per graph replay (--replay-us): the dense grid
@@ -328,14 +328,15 @@ def write_table(path: Path, arch: str, device: str | None, entries: list[dict], 
     return warnings
 
 
-def choose(results: list[dict]) -> dict | None:
-    """The entry for a point: fastest passing result; within TIE of it, the fewest splits."""
+def choose(results: list[dict], current: tuple[int, int] | None = None) -> dict | None:
+    """The entry for a point: the fastest passing result. Within TIE of it, ``current`` (the
+    (config, splits) the table picks today) when it is there, else the fewest splits."""
     ok = [r for r in results if r["status"] == "ok"]
     if not ok:
         return None
     best = min(r["us"] for r in ok)
     near = [r for r in ok if r["us"] <= best * (1 + TIE)]
-    return min(near, key=lambda r: (r["splits"], r["us"]))
+    return min(near, key=lambda r: ((r["config"], r["splits"]) != current, r["splits"], r["us"]))
 
 
 # ---- progress ----------------------------------------------------------------------------------
@@ -465,7 +466,7 @@ def _tune_points(cp: Any, props: dict, points: list[Point], cands: list[list],
             xshape = (p.K,) if p.batch == 1 else (p.batch, p.K)
             xs = me.random_normal(cp, rs, (pl.reps,) + xshape, dt)
             ys = cp.empty((pl.reps,) + xshape[:-1] + (p.M,), dtype=dt)
-            rec = _tune_point(cp, timer, p, pl, cand, Ws, xs, ys, replays, progress)
+            rec = _tune_point(cp, timer, p, pl, cand, Ws, xs, ys, replays, progress, before)
             rec["before"] = None if before is None else list(before)
             rec["before_us"] = next((r["us"] for r in rec["results"] if r["status"] == "ok"
                                      and (r["config"], r["splits"]) == before), None)
@@ -502,7 +503,8 @@ def _weight_copies(cp: Any, me: Any, rs: Any, p: Point, reps: int, dt: Any) -> A
 
 
 def _tune_point(cp: Any, timer: _Timer, p: Point, pl: Plan, cand: list[tuple[int, int]], Ws: Any,
-                xs: Any, ys: Any, replays: int, progress: Progress) -> dict:
+                xs: Any, ys: Any, replays: int, progress: Progress,
+                before: tuple[int, int] | None) -> dict:
     import gemvx
 
     from . import _measure as me
@@ -524,7 +526,7 @@ def _tune_point(cp: Any, timer: _Timer, p: Point, pl: Plan, cand: list[tuple[int
             progress.write(f"{tag}: config {cid}/{splits} FAILED: {r['error']}")
         results.append(r)
         progress.update(1, tag)
-    best = choose(results)
+    best = choose(results, before)
     if best is None:
         progress.write(f"{tag}: no config passed the check; no entry")
     return {**p._asdict(), "reps": pl.reps, "flush": pl.flush, "results": results,
