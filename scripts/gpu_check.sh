@@ -3,8 +3,8 @@
 # machine.
 #   bash scripts/gpu_check.sh [OUT_DIR]      (default: $OUT, else ./gpu_check_out)
 # Builds for sm_90 only (GEMVX_CUDA_ARCHS overrides) with the machine's own python3 packages.
-# Writes build.log, gpu_tests.log, sass.log, memcheck.log, racecheck.log, bench.log (both
-# benchmarks' output), bench.json, bench_quant.json: eight files.
+# Writes build.log, gpu_tests.log (it lists the 20 slowest tests), sass.log, memcheck.log,
+# racecheck.log, bench.log (both benchmarks' output), bench.json, bench_quant.json: eight files.
 # GEMVX_SKIP_BENCH=1 skips the benchmark. GEMVX_CHECK_PART=tests (build, tests, SASS check) or
 # sanitizers (build, SASS check, sanitizers) runs half of it, where the whole does not fit one
 # 10-minute run (a cold build takes about 1 minute, the tests about 9 on an H200); either half
@@ -48,7 +48,7 @@ if [ "$PART" != sanitizers ]; then
   if [ -n "${GEMVX_TESTS:-}" ]; then
     tests=(); for f in $GEMVX_TESTS; do tests+=("$REPO/tests/$f"); done
   fi
-  $PY -m pytest -q -p no:cacheprovider -rs "${tests[@]}" 2>&1 | tee "$OUTDIR/gpu_tests.log" | tail -15 || fail=1
+  $PY -m pytest -q -p no:cacheprovider -rs --durations=20 "${tests[@]}" 2>&1 | tee "$OUTDIR/gpu_tests.log" | tail -15 || fail=1
 fi
 
 step "SASS check (128-bit stream loads, loads ahead of math)"

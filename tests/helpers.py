@@ -484,23 +484,26 @@ def random_quantized(rng: np.random.Generator, shape: tuple[int, ...], fmt: tupl
 def dequantize64(q: Any) -> np.ndarray:
     """float64 (..., M, K) of a QuantizedWeight of host arrays, written out from the documented
     format (independent of gemvx.dequantize): (q - z) * s, int4 even k in the low nibble, zero
-    point 8 when symmetric, only the low 4 bits of a zero point counting."""
+    point 8 when symmetric, only the low 4 bits of a zero point counting. (Group metadata is
+    repeated along K rather than gathered: the same numbers, an order of magnitude faster at the
+    GPU tests' sizes.)"""
     packed, K = np.asarray(q.packed), q.K
     if q.bits == 8:
-        codes = packed.astype(np.int64)
+        codes = packed.astype(np.float64)
     else:
-        codes = np.empty(packed.shape[:-1] + (2 * packed.shape[-1],), np.int64)
+        codes = np.empty(packed.shape[:-1] + (2 * packed.shape[-1],), np.float64)
         codes[..., 0::2] = packed & 15
         codes[..., 1::2] = packed >> 4
         codes = codes[..., :K]
-    j = np.zeros(K, np.int64) if q.group_size is None else np.arange(K) // q.group_size
-    scales = np.asarray(q.scales).astype(np.float64)
-    s = scales[..., None] if q.group_size is None else scales[..., j]
+
+    def along_k(a: np.ndarray) -> np.ndarray:  # (..., M) or (..., M, groups) against (..., M, K)
+        return a[..., None] if q.group_size is None else np.repeat(a, q.group_size, axis=-1)[..., :K]
+
+    s = along_k(np.asarray(q.scales).astype(np.float64))
     if q.bits == 8:
-        z = 0
+        z: Any = 0
     elif q.zeros is None:
         z = 8
     else:
-        zz = np.asarray(q.zeros).astype(np.int64) & 15
-        z = zz[..., None] if q.group_size is None else zz[..., j]
+        z = along_k(np.asarray(q.zeros) & 15)
     return (codes - z) * s
