@@ -466,11 +466,8 @@ def _tune_points(cp: Any, props: dict, points: list[Point], cands: list[list],
             xshape = (p.K,) if p.batch == 1 else (p.batch, p.K)
             xs = me.random_normal(cp, rs, (pl.reps,) + xshape, dt)
             ys = cp.empty((pl.reps,) + xshape[:-1] + (p.M,), dtype=dt)
-            rec = _tune_point(cp, timer, p, pl, cand, Ws, xs, ys, replays, progress, before)
-            rec["before"] = None if before is None else list(before)
-            rec["before_us"] = next((r["us"] for r in rec["results"] if r["status"] == "ok"
-                                     and (r["config"], r["splits"]) == before), None)
-            records.append(rec)
+            records.append(_tune_point(cp, timer, p, pl, cand, Ws, xs, ys, replays, progress,
+                                       before))
             del xs, ys
     return records
 
@@ -530,7 +527,10 @@ def _tune_point(cp: Any, timer: _Timer, p: Point, pl: Plan, cand: list[tuple[int
     if best is None:
         progress.write(f"{tag}: no config passed the check; no entry")
     return {**p._asdict(), "reps": pl.reps, "flush": pl.flush, "results": results,
-            "best": None if best is None else {k: best[k] for k in ("config", "splits", "us")}}
+            "best": None if best is None else {k: best[k] for k in ("config", "splits", "us")},
+            "before": None if before is None else list(before),
+            "before_us": next((r["us"] for r in results if r["status"] == "ok"
+                               and (r["config"], r["splits"]) == before), None)}
 
 
 def _check_and_time(cp: Any, timer: _Timer, fn: Callable[[int], Any], y0: Any, ref: Any,
