@@ -121,6 +121,17 @@ def prepared_for(cp: Any, W: Any, x: Any, out: Any, transpose: bool) -> Any:
     return _plan.prepare(cp, W, x, out, beta, transpose, plan, dtype)
 
 
+def padded_operands(cp: Any, rng: np.random.Generator, M: int, K: int, B: int, dtype: str,
+                    transpose: bool, x_kind: str = "padded") -> tuple[Any, Any, Any, Any]:
+    """Random W (stored for the layout) and B vectors x as views of bases whose W rows start on
+    16-byte boundaries (x as ``x_kind`` of vector_view): (W_h, x_h) on the host, (W_d, x_d) the
+    same views of device copies."""
+    w_base_shape, w_view = matrix_view("padded", stored_shape(M, K, transpose))
+    x_base_shape, x_view = vector_view(x_kind, (B, K))
+    w_base, x_base = random_array(rng, w_base_shape, dtype), random_array(rng, x_base_shape, dtype)
+    return w_view(w_base), x_view(x_base), w_view(cp.asarray(w_base)), x_view(cp.asarray(x_base))
+
+
 def vector_eligible(prep: Any, itemsize: int) -> bool:
     """Mirror of ``vector_ok`` in cc/gemvx/launch_impl.cuh: may the 16-byte body run?"""
     def s16(stride: int, extent: int) -> bool:
@@ -479,11 +490,7 @@ def test_rows_store(cp: Any, rng: np.random.Generator, cfg_id: int, dtype: str, 
     M, K = (1001 if case == "one_vector_odd_m" else 1000), (8191 if case == "split" else 1031)
     B = 1 if case == "one_vector_odd_m" else 19
     splits = 3 if case == "split" else 1
-    w_base_shape, w_view = matrix_view("padded", stored_shape(M, K, transpose))
-    x_base_shape, x_view = vector_view("padded", (B, K))
-    w_base, x_base = random_array(rng, w_base_shape, dtype), random_array(rng, x_base_shape, dtype)
-    W_h, x_h = w_view(w_base), x_view(x_base)
-    W_d, x_d = w_view(cp.asarray(w_base)), x_view(cp.asarray(x_base))
+    W_h, x_h, W_d, x_d = padded_operands(cp, rng, M, K, B, dtype, transpose)
     prep = prepared_for(cp, W_d, x_d, cp.empty((B, M), dtype=W_d.dtype), transpose)
     assert vector_eligible(prep, W_d.itemsize)
     assert _ext.effective_splits(prep.problem, cfg_id, splits) == splits
@@ -503,11 +510,7 @@ def test_mma_transposed_paths(cp: Any, rng: np.random.Generator, cfg_id: int, dt
     bytes: 4 elements, fp32 2) or not (element loads): an odd K, or rows starting one element in."""
     cfg = CONFIG_BY_ID[cfg_id]
     M, K, B = 2 * cfg["p1"] * 8 + 13, 1031, 19
-    w_base_shape, w_view = matrix_view("padded", stored_shape(M, K, True))
-    x_base_shape, x_view = vector_view(x_kind, (B, K))
-    w_base, x_base = random_array(rng, w_base_shape, dtype), random_array(rng, x_base_shape, dtype)
-    W_h, x_h = w_view(w_base), x_view(x_base)
-    W_d, x_d = w_view(cp.asarray(w_base)), x_view(cp.asarray(x_base))
+    W_h, x_h, W_d, x_d = padded_operands(cp, rng, M, K, B, dtype, True, x_kind)
     prep = prepared_for(cp, W_d, x_d, cp.empty((B, M), dtype=W_d.dtype), True)
     assert prep.layout == "T" and vector_eligible(prep, W_d.itemsize)
     x_ptr, x_vec = prep.ptrs[1], prep.problem.x_vec
@@ -516,6 +519,40 @@ def test_mma_transposed_paths(cp: Any, rng: np.random.Generator, cfg_id: int, dt
     config = cfg_id if splits == 1 else (cfg_id, splits)
     first = run_checked(cp, W_h, x_h, W_d=W_d, x_d=x_d, transpose=True, config=config)
     second = run_checked(cp, W_h, x_h, W_d=W_d, x_d=x_d, transpose=True, config=config)
+    assert first.tobytes() == second.tobytes(), "not bitwise repeatable"
+
+
+# Layout-T pipelined configs with several vectors: x staged in shared memory, 4096 / NV rows at a
+# time (kernels/gemv_transposed.cuh, kXRows).
+STAGED_T = [c["id"] for c in CONFIGS if c["family"] == "TransposedPipelined" and c["max_vectors"] > 1]
+
+
+@pytest.mark.parametrize("cfg_id,dtype,case", cases(STAGED_T, DTYPES, ("chunks", "split_chunks", "edge_beta",
+                                                                        "short")))
+def test_transposed_staged(cp: Any, rng: np.random.Generator, cfg_id: int, dtype: str, case: str) -> None:
+    """x staged in shared memory: K over several staged chunks with a tail shorter than a step;
+    two splits that each cross a chunk boundary; a last column chunk of fewer than 16 bytes, with
+    alpha and beta; K shorter than one step. Each with a full chunk of vectors and a partial one."""
+    cfg = CONFIG_BY_ID[cfg_id]
+    nv, rows = cfg["max_vectors"], 4096 // cfg["max_vectors"]
+    step = cfg["threads"] // cfg["p1"] * cfg["unroll"]  # rows a block loads per step
+    cols = cfg["p1"] * 16 // np.dtype(np_dtype(dtype)).itemsize  # columns of a block
+    M, K, splits = {"chunks": (2 * cols, 2 * rows + step + 3, 1),
+                    "split_chunks": (3 * cols, 3 * rows + 11, 2),
+                    "edge_beta": (2 * cols + 3, rows + 7, 1),
+                    "short": (cols + 1, step - 1, 1)}[case]
+    B = nv + 2
+    W_h, x_h, W_d, x_d = padded_operands(cp, rng, M, K, B, dtype, True)
+    prep = prepared_for(cp, W_d, x_d, cp.empty((B, M), dtype=W_d.dtype), True)
+    assert prep.layout == "T" and vector_eligible(prep, W_d.itemsize)
+    assert _ext.effective_splits(prep.problem, cfg_id, splits) == splits
+    config = cfg_id if splits == 1 else (cfg_id, splits)
+    beta = -1.5 if case == "edge_beta" else 0.0
+    y_in = random_array(rng, (B, M), dtype) if beta else None
+    first = run_checked(cp, W_h, x_h, W_d=W_d, x_d=x_d, alpha=0.75, beta=beta, y_in=y_in,
+                        transpose=True, config=config)
+    second = run_checked(cp, W_h, x_h, W_d=W_d, x_d=x_d, alpha=0.75, beta=beta, y_in=y_in,
+                         transpose=True, config=config)
     assert first.tobytes() == second.tobytes(), "not bitwise repeatable"
 
 

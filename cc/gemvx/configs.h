@@ -30,7 +30,9 @@
 //   Transposed (layout T, W stored (K, M) row-major): P1 = threads along M (each owns 16 bytes of
 //              consecutive outputs), P2 = 1; THREADS / P1 threads split K inside the block.
 //   TransposedPipelined: Transposed with the next step's rows loaded before the current step's
-//              math (one vector), as RowMajorPipelined.
+//              math, as RowMajorPipelined. With several vectors (NV a multiple of 4) x is staged
+//              in shared memory and the blocks keep to 64 registers a thread (128 for 16-bit W),
+//              so that 1024 threads (512) fit an SM (kernels/gemv_transposed.cuh).
 //   TransposedMma: several vectors on tensor cores (fp16/bf16; fp32 as three tf32 mma per
 //              product: kernels/gemv_mma_t.cuh). P1 = 16-byte column chunks per block as in
 //              Transposed, P2 = 32-column tiles per warp (P1 / (4 P2) warps along M, fp32:
@@ -193,4 +195,6 @@
   X(126, RowMajorTmaLoop, 160, 64, 16, 4, 16) \
   X(139, TransposedTma, 160, 8, 8, 4, 16)    \
   X(140, RowMajorPipelined, 256, 32, 4, 1, 4) \
-  X(141, RowMajorPipelined, 256, 32, 2, 2, 4)
+  X(141, RowMajorPipelined, 256, 32, 2, 2, 4) \
+  X(142, TransposedPipelined, 256, 32, 1, 4, 4) \
+  X(143, TransposedPipelined, 256, 16, 1, 4, 4)

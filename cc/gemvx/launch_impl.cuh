@@ -233,13 +233,13 @@ using RowMajorPipelinedLean = RowMajorFamily<7, THREADS, TPR, R, U, NV>;
 
 // MMA = false: CUDA cores, P2 = 1. MMA = true: tensor cores (gemv_mma_t; fp32 as 3xTF32) on the
 // 16-byte body, P2 = 32-column tiles per warp. PIPE: software-pipelined W loads (CUDA cores: one
-// vector). The scalar variant of a tensor-core config (and fp32 where its tiles do not fit, see
+// vector, or a multiple of four with x staged in shared memory). The scalar variant of a tensor-core config (and fp32 where its tiles do not fit, see
 // kMmaFits) runs the CUDA-core kernel (unpipelined) with the same threads, columns per block and
 // splits (so the grid is the same either way).
 template <bool MMA, bool PIPE, int THREADS, int CB, int P2, int U, int NV>
 struct TransposedFamily {
-  static_assert(MMA || (P2 == 1 && (!PIPE || NV == 1)),
-                "Transposed configs take P2 = 1; the pipelined ones one vector");
+  static_assert(MMA || (P2 == 1 && (!PIPE || NV == 1 || NV % 4 == 0)),
+                "Transposed configs take P2 = 1; the pipelined ones one vector or 4n");
   static_assert(!MMA || (NV == 16 && CB % (4 * P2) == 0 && (THREADS / 32) % (CB / (4 * P2)) == 0),
                 "tensor-core configs: P1 = 4 x P2 x warps along M, whole warps along K, 16 vectors");
   static constexpr bool kTrans = true;
