@@ -7,10 +7,10 @@
 # racecheck.log, bench.log (both benchmarks' output), bench.json, bench_quant.json: eight files.
 # GEMVX_SKIP_BENCH=1 skips the benchmark. GEMVX_CHECK_PART=tests (build, tests, SASS check) or
 # sanitizers (build, SASS check, sanitizers) runs half of it, where the whole does not fit one
-# 10-minute run (a cold build takes about 1 minute, the tests about 9 on an H200); either half
-# skips the benchmark. GEMVX_TESTS="test_gpu.py test_tune.py" runs only these files (or pytest
-# node ids) of tests/: on an H100 the suite needs more than one 10-minute run
-# (test_quant_gpu.py alone takes about 9 minutes there), so run it in parts.
+# 10-minute run; either half skips the benchmark. GEMVX_TESTS="test_gpu.py test_tune.py" runs
+# only these files (or pytest node ids) of tests/. The suite needs more than one 10-minute run,
+# so run it in parts: on an H200 a cold build takes about 1.5 minutes, test_gpu.py 2,
+# test_jax_gpu.py 3, test_quant_gpu.py about 6 (on an H100 about 9).
 # Exit status is non-zero if any step failed.
 set -uo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
