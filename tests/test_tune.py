@@ -249,7 +249,8 @@ def test_default_grid_fits_the_time_budget() -> None:
     64 MiB; 24.6 with the four-vector RowMajorPipelined configs 140 and 141, and 23.7 once batch
     16 above 4 MiB no longer times the four-vector configs, which would pass over W four
     times; 24.3 with the four-vector TransposedPipelined configs 142 and 143, which batch 4 times
-    at every layout-T point.)"""
+    at every layout-T point; 24.8 with RowMajorTile config 144, a candidate at every layout-N
+    batch of 4 or 16.)"""
     pts = tune.grid()
     n = [len(tune.candidates(p)) for p in pts]
     est = tune.estimate_seconds(pts, n, 60 << 20)

@@ -197,4 +197,5 @@
   X(140, RowMajorPipelined, 256, 32, 4, 1, 4) \
   X(141, RowMajorPipelined, 256, 32, 2, 2, 4) \
   X(142, TransposedPipelined, 256, 32, 1, 4, 4) \
-  X(143, TransposedPipelined, 256, 16, 1, 4, 4)
+  X(143, TransposedPipelined, 256, 16, 1, 4, 4) \
+  X(144, RowMajorTile, 128, 64, 16, 2, 16)
