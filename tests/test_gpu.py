@@ -107,6 +107,14 @@ def run_checked(cp: Any, W_h: np.ndarray, x_h: np.ndarray, *, W_d: Any = None, x
     return got
 
 
+def run_repeatable(cp: Any, W_h: np.ndarray, x_h: np.ndarray, **kw: Any) -> np.ndarray:
+    """run_checked twice with the same arguments; the two results must be the same bytes."""
+    first = run_checked(cp, W_h, x_h, **kw)
+    second = run_checked(cp, W_h, x_h, **kw)
+    assert first.tobytes() == second.tobytes(), "not bitwise repeatable"
+    return first
+
+
 def poison_pool(cp: Any, nbytes: int) -> None:
     """Free a block of ``nbytes`` filled with 0xFF (NaN in all three dtypes), so CuPy's pool is
     likely to hand it to the next allocation of that size (an unwritten result then shows)."""
@@ -338,9 +346,7 @@ def test_every_config(cp: Any, rng: np.random.Generator, cfg_id: int, dtype: str
         assert used == splits, f"K={K} too short for {splits} splits of config {cfg_id}"
 
     config = cfg_id if splits == 1 else (cfg_id, splits)
-    first = run_checked(cp, W_h, x_h, W_d=W_d, x_d=x_d, transpose=transpose, config=config)
-    second = run_checked(cp, W_h, x_h, W_d=W_d, x_d=x_d, transpose=transpose, config=config)
-    assert first.tobytes() == second.tobytes(), "not bitwise repeatable"
+    run_repeatable(cp, W_h, x_h, W_d=W_d, x_d=x_d, transpose=transpose, config=config)
 
 
 # Configs that run a plain GEMV with the lean argument block, and the config with the same kernel
@@ -517,9 +523,7 @@ def test_mma_transposed_paths(cp: Any, rng: np.random.Generator, cfg_id: int, dt
     assert (x_ptr % 8 == 0 and (x_vec * W_d.itemsize) % 8 == 0) == (x_kind == "padded")
     assert _ext.effective_splits(prep.problem, cfg_id, splits) == splits
     config = cfg_id if splits == 1 else (cfg_id, splits)
-    first = run_checked(cp, W_h, x_h, W_d=W_d, x_d=x_d, transpose=True, config=config)
-    second = run_checked(cp, W_h, x_h, W_d=W_d, x_d=x_d, transpose=True, config=config)
-    assert first.tobytes() == second.tobytes(), "not bitwise repeatable"
+    run_repeatable(cp, W_h, x_h, W_d=W_d, x_d=x_d, transpose=True, config=config)
 
 
 # Layout-T pipelined configs with several vectors: x staged in shared memory, 4096 / NV rows at a
@@ -549,11 +553,8 @@ def test_transposed_staged(cp: Any, rng: np.random.Generator, cfg_id: int, dtype
     config = cfg_id if splits == 1 else (cfg_id, splits)
     beta = -1.5 if case == "edge_beta" else 0.0
     y_in = random_array(rng, (B, M), dtype) if beta else None
-    first = run_checked(cp, W_h, x_h, W_d=W_d, x_d=x_d, alpha=0.75, beta=beta, y_in=y_in,
-                        transpose=True, config=config)
-    second = run_checked(cp, W_h, x_h, W_d=W_d, x_d=x_d, alpha=0.75, beta=beta, y_in=y_in,
-                         transpose=True, config=config)
-    assert first.tobytes() == second.tobytes(), "not bitwise repeatable"
+    run_repeatable(cp, W_h, x_h, W_d=W_d, x_d=x_d, alpha=0.75, beta=beta, y_in=y_in, transpose=True,
+                   config=config)
 
 
 @pytest.mark.parametrize("dtype,transpose,B", cases(DTYPES, BOOLS, (1, 5)))

@@ -233,9 +233,10 @@ using RowMajorPipelinedLean = RowMajorFamily<7, THREADS, TPR, R, U, NV>;
 
 // MMA = false: CUDA cores, P2 = 1. MMA = true: tensor cores (gemv_mma_t; fp32 as 3xTF32) on the
 // 16-byte body, P2 = 32-column tiles per warp. PIPE: software-pipelined W loads (CUDA cores: one
-// vector, or a multiple of four with x staged in shared memory). The scalar variant of a tensor-core config (and fp32 where its tiles do not fit, see
-// kMmaFits) runs the CUDA-core kernel (unpipelined) with the same threads, columns per block and
-// splits (so the grid is the same either way).
+// vector, or a multiple of four with x staged in shared memory). The scalar variant of a
+// tensor-core config (and fp32 where its tiles do not fit, see kMmaFits) runs the CUDA-core kernel
+// (unpipelined) with the same threads, columns per block and splits (so the grid is the same
+// either way).
 template <bool MMA, bool PIPE, int THREADS, int CB, int P2, int U, int NV>
 struct TransposedFamily {
   static_assert(MMA || (P2 == 1 && (!PIPE || NV == 1 || NV % 4 == 0)),
