@@ -87,17 +87,14 @@
   X(2, RowMajor, 256, 8, 2, 2, 1)             \
   X(3, RowMajor, 256, 16, 1, 4, 1)            \
   X(4, RowMajor, 256, 32, 1, 4, 1)            \
-  X(6, RowMajor, 256, 32, 1, 8, 1)            \
   X(8, RowMajor, 256, 64, 1, 4, 1)            \
   X(9, RowMajor, 256, 128, 1, 4, 1)           \
   X(10, RowMajor, 256, 256, 1, 8, 1)          \
   X(11, RowMajor, 128, 16, 1, 2, 4)           \
   X(12, RowMajor, 256, 32, 1, 2, 4)           \
   X(13, RowMajor, 256, 32, 1, 1, 16)          \
-  X(14, RowMajor, 128, 8, 1, 1, 16)           \
   X(15, RowMajor, 64, 32, 1, 4, 1)            \
   X(16, RowMajor, 64, 64, 1, 4, 1)            \
-  X(17, RowMajor, 128, 32, 1, 8, 1)           \
   X(18, RowMajor, 128, 128, 1, 4, 1)          \
   X(20, Transposed, 256, 32, 1, 4, 1)         \
   X(22, Transposed, 128, 32, 1, 8, 1)         \
@@ -106,7 +103,6 @@
   X(26, Transposed, 256, 32, 1, 1, 16)        \
   X(27, Transposed, 512, 16, 1, 4, 1)         \
   X(28, Transposed, 256, 8, 1, 4, 1)          \
-  X(29, Transposed, 1024, 32, 1, 4, 1)        \
   X(30, RowMajorPipelined, 256, 32, 1, 4, 1)  \
   X(31, RowMajorPipelined, 256, 32, 2, 4, 1)  \
   X(32, RowMajorPipelined, 64, 32, 1, 4, 1)   \
@@ -121,10 +117,8 @@
   X(44, RowMajorMma, 512, 64, 1, 2, 16)       \
   X(45, RowMajorMma, 256, 32, 2, 4, 16)       \
   X(48, RowMajorMma, 256, 4, 1, 4, 16)        \
-  X(49, RowMajorMma, 128, 4, 2, 4, 16)        \
   X(52, TransposedMma, 256, 16, 1, 4, 16)     \
   X(54, TransposedMma, 128, 8, 1, 4, 16)      \
-  X(57, RowMajorMmaPipelined, 128, 4, 1, 2, 16) \
   X(58, RowMajorMmaPipelined, 128, 4, 1, 4, 16) \
   X(59, RowMajorLean, 256, 64, 1, 4, 1)       \
   X(60, RowMajorLean, 256, 128, 1, 4, 1)      \
@@ -143,12 +137,8 @@
   X(74, RowMajorTile, 128, 64, 32, 3, 16) \
   X(75, TransposedTile, 128, 16, 8, 4, 16) \
   X(76, TransposedTile, 128, 32, 8, 3, 16) \
-  X(77, TransposedTile, 128, 16, 4, 6, 16) \
   X(78, TransposedTile, 256, 32, 4, 6, 16) \
-  X(79, RowMajorPrefetch, 256, 32, 1, 4, 1) \
-  X(80, RowMajorPrefetch, 256, 128, 1, 4, 1) \
   X(81, RowMajorPrefetch, 64, 32, 1, 4, 1) \
-  X(82, RowMajorPrefetch, 64, 64, 1, 4, 1) \
   X(83, RowMajorPrefetch, 128, 128, 1, 4, 1) \
   X(84, RowMajorPipelinedPrefetch, 128, 128, 1, 4, 1) \
   X(85, RowMajorLean, 256, 256, 1, 2, 1)      \
@@ -167,7 +157,6 @@
   X(98, TransposedTile, 512, 64, 4, 3, 16) \
   X(99, TransposedMmaPipelined, 128, 16, 1, 2, 16) \
   X(100, Quant, 128, 4, 1, 2, 8)              \
-  X(101, Quant, 128, 4, 1, 4, 8)              \
   X(102, Quant, 128, 4, 2, 2, 8)              \
   X(103, Quant, 128, 16, 1, 2, 8)             \
   X(104, Quant, 256, 32, 1, 2, 8)             \
@@ -180,7 +169,6 @@
   X(111, QuantTma, 160, 512, 2, 1, 8)         \
   X(112, QuantTma, 160, 512, 4, 1, 8)         \
   X(113, QuantTma, 288, 512, 2, 1, 8)         \
-  X(114, QuantTma, 96, 1024, 4, 1, 8)         \
   X(115, QuantTma, 544, 256, 2, 1, 8)         \
   X(116, QuantTma, 416, 256, 2, 1, 8)         \
   X(117, QuantTma, 160, 512, 2, 2, 8)         \
