@@ -245,16 +245,22 @@ __device__ __noinline__ void rowmajor_start(const Args* a) {
 #endif
 }
 
-// y[g, v, m] = alpha * acc + beta * y_in[g, v, m] (y_in not read when beta == 0): the final store
-// of one output, by store_output and by the split-K finish pass (finish.cuh).
+// alpha * acc + beta * y_in as T, where y_in() reads the output's old value (called only when
+// beta != 0, so y_in is not read when beta == 0): one output's value, for both argument blocks.
+template <typename T, typename YIn>
+__device__ __forceinline__ T scaled_output(float alpha, float beta, float acc, YIn&& y_in) {
+  float out = alpha * acc;
+  if (beta != 0.0f) out += beta * to_float(y_in());
+  return from_float<T>(out);
+}
+
+// y[g, v, m] = alpha * acc + beta * y_in[g, v, m]: the final store of one output, by store_output
+// and by the split-K finish pass (finish.cuh).
 template <typename T>
 __device__ __forceinline__ void store_final(const Args& a, int64_t g, int64_t v, int64_t m, float acc) {
-  float out = a.alpha * acc;
-  if (a.beta != 0.0f) {
-    const T* yi = static_cast<const T*>(a.y_in);
-    out += a.beta * to_float(yi[g * a.y_in_group + v * a.y_in_vec + m]);
-  }
-  static_cast<T*>(a.y)[g * a.y_group + v * a.y_vec + m] = from_float<T>(out);
+  static_cast<T*>(a.y)[g * a.y_group + v * a.y_vec + m] = scaled_output<T>(a.alpha, a.beta, acc, [&] {
+    return static_cast<const T*>(a.y_in)[g * a.y_in_group + v * a.y_in_vec + m];
+  });
 }
 
 // A kernel's store of one output: store_final, or the partial sum into the split-K workspace.
@@ -270,9 +276,8 @@ __device__ __forceinline__ void store_output(const Args& a, int split, int64_t g
 template <typename T>
 __device__ __forceinline__ void store_output(const LeanArgs& a, int, int64_t, int64_t, int64_t m,
                                              float acc) {
-  float out = a.alpha * acc;
-  if (a.beta != 0.0f) out += a.beta * to_float(static_cast<const T*>(a.y_in)[m]);
-  static_cast<T*>(a.y)[m] = from_float<T>(out);
+  static_cast<T*>(a.y)[m] =
+      scaled_output<T>(a.alpha, a.beta, acc, [&] { return static_cast<const T*>(a.y_in)[m]; });
 }
 
 }  // namespace kernels
