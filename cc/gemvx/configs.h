@@ -186,4 +186,5 @@
   X(141, RowMajorPipelined, 256, 32, 2, 2, 4) \
   X(142, TransposedPipelined, 256, 32, 1, 4, 4) \
   X(143, TransposedPipelined, 256, 16, 1, 4, 4) \
-  X(144, RowMajorTile, 128, 64, 16, 2, 16)
+  X(144, RowMajorTile, 128, 64, 16, 2, 16) \
+  X(145, TransposedPipelined, 512, 4, 1, 4, 1)
