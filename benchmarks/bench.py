@@ -22,6 +22,8 @@ Method (DESIGN.md section 6; benchmarks/README.md has the long form):
   * Working set: n copies of (W, x, y) with n * bytes >= 32x L2 (2 copies when W alone is >=
     32x L2; capped at 8 GiB), call i uses copy i % n, so W comes from HBM. 32x, not 4x: W read
     with an L2 evict-first policy can stay in L2 across a rotation of 4x L2 (benchmarks/README.md).
+    Outputs rotate on their own (call i writes output i % ny, ny a multiple of n passing 2x L2
+    where at most 512 outputs do), so every implementation pays for writing its y to HBM.
   * Correctness before timing: each implementation's result on copy 0 (output poisoned with NaN
     first) is compared with a float64 reference computed on the GPU; FAIL means not timed.
   * Graph timing: R calls captured into one CUDA graph; replays timed with CUDA events;
@@ -87,6 +89,8 @@ TOL = {"float32": 1e-4, "float16": 5e-3, "bfloat16": 3e-2}
 L2_FACTOR = 32                 # working set >= L2_FACTOR x L2 (bench_quant.py too)
 MAX_SET_BYTES = 8 << 30        # cap on the rotated working set of one case
 MAX_COPIES = 256               # cap on the number of rotated copies (tiny shapes)
+Y_FACTOR = 2                   # the outputs alone rotate past Y_FACTOR x L2 (where that fits):
+MAX_Y_COPIES = 512             # at most this many outputs (a multiple of the W copies)
 REPS_MIN, REPS_MAX = 20, 100   # calls per captured graph (before rounding to a multiple of n)
 
 
@@ -305,9 +309,13 @@ class _TorchTimer:
 
     def capture(self, fn: Callable[[int], Any], reps: int) -> Callable[[], None]:
         """Capture fn(0..reps-1) with torch.cuda.graph on the side stream; returns replay()
-        (replays on torch's current stream, so call it inside stream_ctx())."""
+        (replays on torch's current stream, so call it inside stream_ctx()).
+
+        Thread-local capture mode: in torch's default (global) mode, a CUDA call that is unsafe
+        during capture made by any other thread of the process (JAX runs its own) invalidates
+        the capture, which then fails at random (seen once in 66 Triton captures)."""
         g = self.torch.cuda.CUDAGraph()
-        with self.torch.cuda.graph(g, stream=self.stream):
+        with self.torch.cuda.graph(g, stream=self.stream, capture_error_mode="thread_local"):
             for i in range(reps):
                 fn(i)
         return g.replay
@@ -730,6 +738,20 @@ def plan_copies(M: int, K: int, batch: int, itemsize: int, l2_bytes: int, free_b
     return copies_past_l2(per, w_bytes, l2_bytes, free_bytes), per
 
 
+def y_copies(n: int, y_bytes: int, l2_bytes: int) -> int:
+    """Outputs to rotate (call i writes output i % ny): a multiple of the n W copies, so that the
+    outputs alone pass Y_FACTOR x L2, at most MAX_Y_COPIES (or n, where n is already more).
+
+    With the W copies alone, a large W has few copies (2 at W >= 32x L2) and each output comes
+    back while its lines are still in L2; a kernel that reads W with an L2 evict-first policy then
+    never pays for writing y back to HBM, while one whose stores go to HBM anyway (cuBLAS) does.
+    Outputs of their own past L2 make every implementation pay for its y (benchmarks/README.md)."""
+    if y_bytes <= 0:
+        return n
+    k = math.ceil(Y_FACTOR * l2_bytes / (n * y_bytes))
+    return n * max(1, min(k, MAX_Y_COPIES // n))
+
+
 def _est_call_s(call_bytes: int) -> float:
     """A rough time of one call (seconds): its bytes at ~3 TB/s plus 3 us."""
     return call_bytes / 3.0e12 + 3e-6
@@ -738,7 +760,8 @@ def _est_call_s(call_bytes: int) -> float:
 def choose_reps(n: int, call_bytes: int, quick: bool) -> int:
     """Calls per graph: about 0.6 ms (quick) / 1.5 ms of work per replay at ~3 TB/s, clamped to
     [20, 100], then rounded up to a multiple of n so that consecutive replays continue the
-    rotation (copy i % n) without reusing a copy early."""
+    rotation (copy i % n) without reusing a copy early (n: the W copies, or the outputs, a
+    multiple of them)."""
     target = 0.6e-3 if quick else 1.5e-3
     r = max(REPS_MIN, min(REPS_MAX, int(round(target / _est_call_s(call_bytes)))))
     if n >= r:
@@ -831,18 +854,26 @@ def bench_case(ctx: dict, dtype_name: str, layout: str, batch: int, M: int, K: i
     tr = layout == "T"
     dt = me.np_dtype(dtype_name)
     free, _ = cp.cuda.runtime.memGetInfo()
-    n, per = plan_copies(M, K, batch, dt.itemsize, ctx["device"]["l2_bytes"], free)
-    reps = args.reps or choose_reps(n, per, args.quick)
+    l2 = ctx["device"]["l2_bytes"]
+    n, per = plan_copies(M, K, batch, dt.itemsize, l2, free)
+    y_bytes = batch * M * dt.itemsize
+    ny = y_copies(n, y_bytes, l2)
+    # Graphs rotate the outputs too (R a multiple of ny); inside jit every result is a new buffer,
+    # so the JAX programs keep the W rotation's R.
+    reps = args.reps or choose_reps(ny, per, args.quick)
+    reps_jit = args.reps or choose_reps(n, per, args.quick)
     replays = args.replays or (12 if args.quick else 30)
     warm = 3 if args.quick else 5
     rec: dict[str, Any] = {
         "dtype": dtype_name, "layout": layout, "batch": batch, "M": M, "K": K,
         "w_bytes": M * K * dt.itemsize, "bytes_per_call": per, "copies": n,
-        "working_set_bytes": n * per, "working_set_over_l2": n * per / max(1, ctx["device"]["l2_bytes"]),
-        "reps": reps, "replays": replays, "ceiling_gbps": ctx["ceiling_gbps"], "impls": {},
+        "working_set_bytes": n * per, "working_set_over_l2": n * per / max(1, l2),
+        "y_copies": ny, "y_set_over_l2": ny * y_bytes / max(1, l2),
+        "reps": reps, "reps_jit": reps_jit, "replays": replays, "ceiling_gbps": ctx["ceiling_gbps"], "impls": {},
     }
     log(f"[{dtype_name} {layout} batch {batch} {M}x{K}] {n} copies, working set "
-        f"{n * per / 2**20:.0f} MiB ({rec['working_set_over_l2']:.1f}x L2), R={reps}, replays={replays}")
+        f"{n * per / 2**20:.0f} MiB ({rec['working_set_over_l2']:.1f}x L2), {ny} outputs "
+        f"({rec['y_set_over_l2']:.2f}x L2), R={reps}, replays={replays}")
     t0 = time.time()
     Ws, xs = make_operands(cp, dtype_name, M, K, tr, batch, n, args.seed + 7919 * M + 31 * K + batch)
     ref = me.reference(cp, Ws[0], xs[0], tr)
@@ -852,7 +883,7 @@ def bench_case(ctx: dict, dtype_name: str, layout: str, batch: int, M: int, K: i
     rec["setup_s"] = round(time.time() - t0, 3)
 
     def outs():
-        return [cp.empty(yshape, dtype=dt) for _ in range(n)]
+        return [cp.empty(yshape, dtype=dt) for _ in range(ny)]
 
     im = rec["impls"]
     # --- gemvx, CuPy door (graph + eager) ------------------------------------------------
@@ -860,7 +891,7 @@ def bench_case(ctx: dict, dtype_name: str, layout: str, batch: int, M: int, K: i
 
     def f_gemvx(i):
         j = i % n
-        gemvx.cupy_gemv(Ws[j], xs[j], out=yg[j], transpose=tr)
+        gemvx.cupy_gemv(Ws[j], xs[j], out=yg[i % ny], transpose=tr)
 
     im["gemvx"] = run_impl(cp, "gemvx.cupy_gemv", f_gemvx, yg[0], ref, tol, reps, replays, "cupy",
                            graph=True, eager=True, warmup=warm)
@@ -874,13 +905,13 @@ def bench_case(ctx: dict, dtype_name: str, layout: str, batch: int, M: int, K: i
         yc = outs()
 
         def f_cublas(i):
-            j = i % n
+            j, y = i % n, yc[i % ny]
             if tr:
-                cp.matmul(xs[j], Ws[j], out=yc[j])
+                cp.matmul(xs[j], Ws[j], out=y)
             elif batch == 1:
-                cp.matmul(Ws[j], xs[j], out=yc[j])
+                cp.matmul(Ws[j], xs[j], out=y)
             else:
-                cp.matmul(xs[j], Ws[j].T, out=yc[j])
+                cp.matmul(xs[j], Ws[j].T, out=y)
 
         im["cublas"] = run_impl(cp, "cupy.matmul", f_cublas, yc[0], ref, tol, reps, replays, "cupy",
                                 graph=True, eager=True, warmup=warm)
@@ -903,11 +934,11 @@ def bench_case(ctx: dict, dtype_name: str, layout: str, batch: int, M: int, K: i
         ytt = [_to_torch(torch, cp, y, dtype_name) for y in ytc]
 
         def f_torch(i):
-            j = i % n
+            j, y = i % n, ytt[i % ny]
             if batch == 1:
-                torch.mv(Wt[j].t() if tr else Wt[j], xt[j], out=ytt[j])
+                torch.mv(Wt[j].t() if tr else Wt[j], xt[j], out=y)
             else:
-                torch.mm(xt[j], Wt[j] if tr else Wt[j].t(), out=ytt[j])
+                torch.mm(xt[j], Wt[j] if tr else Wt[j].t(), out=y)
 
         im["torch"] = run_impl(cp, tname, f_torch, ytc[0], ref, tol, reps, replays, "torch",
                                graph=True, eager=False, warmup=warm)
@@ -925,7 +956,7 @@ def bench_case(ctx: dict, dtype_name: str, layout: str, batch: int, M: int, K: i
                                    tol, reps, replays, warm)
 
     # --- JAX door and XLA ------------------------------------------------------------------
-    run_jax(ctx, rec, dtype_name, Ws, xs, ref, tol, reps, tr)
+    run_jax(ctx, rec, dtype_name, Ws, xs, ref, tol, reps_jit, tr)
 
     for r in im.values():
         for mode in ("graph", "eager", "wall", "kernel"):
@@ -941,7 +972,7 @@ def bench_case(ctx: dict, dtype_name: str, layout: str, batch: int, M: int, K: i
 
 
 def _run_triton(ctx, tg_mod, torch, dtype_name, M, K, tr, Wt, xt, ytc, ref, tol, reps, replays, warm) -> dict:
-    cp, n = ctx["cp"], len(Wt)
+    cp, n, ny = ctx["cp"], len(Wt), len(ytc)
     ytt = [_to_torch(torch, cp, y, dtype_name) for y in ytc]
     try:
         t1 = time.time()
@@ -953,7 +984,7 @@ def _run_triton(ctx, tg_mod, torch, dtype_name, M, K, tr, Wt, xt, ytc, ref, tol,
 
         def f_triton(i):
             j = i % n
-            tg(Wt[j], xt[j], ytt[j])
+            tg(Wt[j], xt[j], ytt[i % ny])
 
         r = run_impl(cp, "triton", f_triton, ytc[0], ref, tol, reps, replays, "torch",
                      graph=True, eager=False, warmup=warm)
@@ -1155,6 +1186,8 @@ def main(argv=None) -> int:
         "method": {
             "working_set": f">= {L2_FACTOR}x L2 by rotating copies (2 when W >= {L2_FACTOR}x L2), "
                            f"<= {MAX_SET_BYTES >> 30} GiB",
+            "outputs": f"graphs rotate their own outputs: a multiple of the copies passing "
+                       f"{Y_FACTOR}x L2, <= {MAX_Y_COPIES} (R a multiple of them); jit results are new buffers",
             "graph": "R calls captured per CUDA graph; per-call = replay time / R; median of replays",
             "eager": "events around R back-to-back Python calls; includes launch overhead",
             "span": "JAX door and jnp.dot (the numbers used): JAX profiler, GPU time from the first "

@@ -406,6 +406,26 @@ def test_bench_dry_run(capsys: pytest.CaptureFixture) -> None:
     assert out[-1] == "16 cases" and len(out) == 17
 
 
+def test_output_rotation_passes_l2_where_it_fits() -> None:
+    """Outputs rotate on their own: a multiple of the W copies whose outputs pass Y_FACTOR x L2,
+    at most MAX_Y_COPIES; choose_reps on that count keeps both rotations whole per graph."""
+    l2 = 60 << 20
+    # fp16 128256 x 4096, 16 vectors: 2 W copies, 3.9 MiB outputs -> 32 of them (2.1 x L2)
+    n, per = bench.plan_copies(128256, 4096, 16, 2, l2, 100 << 30)
+    ny = bench.y_copies(n, 16 * 128256 * 2, l2)
+    assert (n, ny) == (2, 32) and ny * 16 * 128256 * 2 >= bench.Y_FACTOR * l2
+    r = bench.choose_reps(ny, per, quick=False)
+    assert r % ny == 0 and r % n == 0
+    # one 64 KiB vector: capped at MAX_Y_COPIES, still a multiple of n
+    assert bench.y_copies(2, 32768 * 2, l2) == bench.MAX_Y_COPIES
+    assert bench.y_copies(3, 32768 * 2, l2) == 3 * (bench.MAX_Y_COPIES // 3)
+    # outputs already past 2x L2 with the W copies alone: unchanged
+    assert bench.y_copies(57, 2 << 20, l2) == 114 and bench.y_copies(100, 2 << 20, l2) == 100
+    # more W copies than the cap: the W copies themselves
+    assert bench.y_copies(bench.MAX_COPIES, 1024, l2) == 2 * bench.MAX_COPIES
+    assert bench.y_copies(600, 1024, l2) == 600 and bench.y_copies(5, 0, l2) == 5
+
+
 def test_kernel_time_from_profile() -> None:
     ev = [{"ph": "M", "name": "process_name", "pid": 7, "args": {"name": "/device:GPU:0"}},
           {"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "/host:CPU"}},
@@ -717,6 +737,7 @@ def test_bench_end_to_end_on_a_simulated_gpu(tmp_path: Path, monkeypatch: pytest
     for rec in data["results"]:
         im = rec["impls"]
         us = rec["M"] * rec["K"] * 1e-3
+        assert rec["y_copies"] >= rec["copies"] and rec["y_copies"] % rec["copies"] == 0
         assert im["gemvx"]["status"] == "ok" and im["gemvx"]["rel_err"] < 1e-2
         assert im["gemvx"]["graph"]["us"] == pytest.approx(us)
         assert im["gemvx"]["eager"]["us"] == pytest.approx(us)
