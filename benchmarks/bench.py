@@ -89,7 +89,7 @@ TOL = {"float32": 1e-4, "float16": 5e-3, "bfloat16": 3e-2}
 L2_FACTOR = 32                 # working set >= L2_FACTOR x L2 (bench_quant.py too)
 MAX_SET_BYTES = 8 << 30        # cap on the rotated working set of one case
 MAX_COPIES = 256               # cap on the number of rotated copies (tiny shapes)
-Y_FACTOR = 2                   # the outputs alone rotate past Y_FACTOR x L2 (where that fits):
+Y_FACTOR = 2                   # the outputs alone rotate past Y_FACTOR x L2 where that fits,
 MAX_Y_COPIES = 512             # at most this many outputs (a multiple of the W copies)
 REPS_MIN, REPS_MAX = 20, 100   # calls per captured graph (before rounding to a multiple of n)
 
@@ -869,7 +869,8 @@ def bench_case(ctx: dict, dtype_name: str, layout: str, batch: int, M: int, K: i
         "w_bytes": M * K * dt.itemsize, "bytes_per_call": per, "copies": n,
         "working_set_bytes": n * per, "working_set_over_l2": n * per / max(1, l2),
         "y_copies": ny, "y_set_over_l2": ny * y_bytes / max(1, l2),
-        "reps": reps, "reps_jit": reps_jit, "replays": replays, "ceiling_gbps": ctx["ceiling_gbps"], "impls": {},
+        "reps": reps, "reps_jit": reps_jit, "replays": replays, "ceiling_gbps": ctx["ceiling_gbps"],
+        "impls": {},
     }
     log(f"[{dtype_name} {layout} batch {batch} {M}x{K}] {n} copies, working set "
         f"{n * per / 2**20:.0f} MiB ({rec['working_set_over_l2']:.1f}x L2), {ny} outputs "
@@ -1187,7 +1188,8 @@ def main(argv=None) -> int:
             "working_set": f">= {L2_FACTOR}x L2 by rotating copies (2 when W >= {L2_FACTOR}x L2), "
                            f"<= {MAX_SET_BYTES >> 30} GiB",
             "outputs": f"graphs rotate their own outputs: a multiple of the copies passing "
-                       f"{Y_FACTOR}x L2, <= {MAX_Y_COPIES} (R a multiple of them); jit results are new buffers",
+                       f"{Y_FACTOR}x L2, <= {MAX_Y_COPIES} (R a multiple of them); jit results "
+                       "are new buffers",
             "graph": "R calls captured per CUDA graph; per-call = replay time / R; median of replays",
             "eager": "events around R back-to-back Python calls; includes launch overhead",
             "span": "JAX door and jnp.dot (the numbers used): JAX profiler, GPU time from the first "

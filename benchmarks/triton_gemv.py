@@ -224,7 +224,8 @@ def cold_l2_ms(fn, calls: int, warmup: int = 2, quantiles=None):
 
     The events bracket only fn's work: the flush and a spin of HEAD_START_CYCLES keep the GPU busy
     while the host records the start event and launches fn (one or two Triton launches), so the
-    GPU never waits for the host inside the timed window, whatever the host's load."""
+    GPU does not wait for the host inside the timed window unless the host takes longer than the
+    flush and the spin together."""
     flush = _flush_buffer(torch.cuda.current_device())
     for _ in range(warmup):
         fn()
