@@ -421,8 +421,9 @@ def test_output_rotation_passes_l2_where_it_fits() -> None:
     assert bench.y_copies(3, 32768 * 2, l2) == 3 * (bench.MAX_Y_COPIES // 3)
     # outputs already past 2x L2 with the W copies alone: unchanged
     assert bench.y_copies(57, 2 << 20, l2) == 114 and bench.y_copies(100, 2 << 20, l2) == 100
-    # more W copies than the cap: the W copies themselves
-    assert bench.y_copies(bench.MAX_COPIES, 1024, l2) == 2 * bench.MAX_COPIES
+    # tiny outputs: 256 W copies (their cap) give 512 outputs (the outputs' cap); W copies past
+    # the outputs' cap give as many outputs; no output bytes, the W copies
+    assert bench.y_copies(bench.MAX_COPIES, 1024, l2) == 2 * bench.MAX_COPIES == bench.MAX_Y_COPIES
     assert bench.y_copies(600, 1024, l2) == 600 and bench.y_copies(5, 0, l2) == 5
 
 
