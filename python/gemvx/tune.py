@@ -19,6 +19,18 @@ that read's own time, measured once, is subtracted: every call reads W from HBM,
 decode step. (32x, as the benchmarks rotate: W read with an L2 evict-first policy can still be
 partly in L2 when a rotation of 4x L2 comes back to it; benchmarks/NOTES.md.)
 
+Sustained timing (``--sustained N``): a few milliseconds of calls, as above, run the GPU at full
+clock. A model's decode runs for seconds, and an H200 that streams HBM near its peak for more
+than a fraction of a second reaches its board power limit (700 W), which lowers the SM clock
+(to about 1.5 GHz) and slows some configs far more than others: at float16 128256x4096 one row
+per 128-thread block (config 18) went from 231 to 249-262 us, one row per 64-thread block
+(config 16) from 233 to 233-235 (benchmarks/NOTES.md). So for points whose call moves
+``--sustain-mib`` (256) MiB or more, the N fastest candidates of the short timing and the
+current choice are timed again as the benchmark times them: outputs of their own past 2x L2
+(call i writes output i % ny), graphs of at least 20 ms of calls, 0.3 s of replays before the
+timed ones; the entry is chosen among those by that time (the same 1% rule). Off by default (it
+adds about 2 s a point): the shipped tables' large points are tuned with it.
+
 Which candidates run: batch 1 takes the configs with ``max_vectors == 1``, batches > 1 the
 multi-vector ones that take the whole batch in one pass over W (the most vectors where none
 does), and every config of the layout where a dense W is 4 MiB or less: there the one-vector
@@ -85,6 +97,13 @@ R_MIN, R_MAX = 2, 32           # calls (= rotated copies) per graph
 ROTATE_L2 = 32                 # copies below ROTATE_L2 x L2 get an L2 flush ahead of each replay
 FLUSH_L2 = 3                   # the flush reads FLUSH_L2 x L2 bytes
 REPLAYS = 7                    # timed replays per (config, splits), after one warm-up replay
+SUSTAIN_MIB = 256              # --sustained: points whose call moves this many MiB or more
+SUSTAIN_REPLAY_S = 20e-3       # work per sustained graph replay, at least
+SUSTAIN_WARM_S = 0.3           # replays before the timed ones, at least
+SUSTAIN_TIMED_S = 0.2          # timed replays, at least (and SUSTAIN_MIN_REPLAYS of them)
+SUSTAIN_MIN_REPLAYS = 5
+Y_ROTATE_L2 = 2                # sustained outputs rotate past this x L2 (benchmarks/bench.py)
+MAX_Y_COPIES = 512
 
 # Cost model for --dry-run and the progress bar's ETA (seconds; estimates, not measurements: a
 # run prints its real time beside the estimate): host time per timing (check, capture, graph
@@ -234,9 +253,40 @@ def timing_plan(p: Point, l2_bytes: int, target_s: float = REPLAY_TARGET_S) -> P
     return Plan(reps, reps * per < ROTATE_L2 * l2_bytes, t)
 
 
+class SustainPlan(NamedTuple):
+    """How a point's candidates are timed again under sustained load (``--sustained``)."""
+
+    reps: int        # calls per graph, a multiple of y_copies
+    y_copies: int    # outputs: call i writes output i % y_copies
+    warm: int        # replays before the timed ones
+    replays: int     # timed replays
+
+
+def sustained(p: Point, sustain_bytes: int) -> bool:
+    """Whether ``--sustained`` times the point again (its call moves ``sustain_bytes`` or more)."""
+    return call_bytes(p) >= sustain_bytes
+
+
+def sustain_plan(p: Point, copies: int, l2_bytes: int) -> SustainPlan:
+    """R calls on ``copies`` rotated copies of W and x, with outputs of their own past
+    Y_ROTATE_L2 x L2 (at most MAX_Y_COPIES, a multiple of ``copies``) and R a multiple of them,
+    at least SUSTAIN_REPLAY_S of work a replay; SUSTAIN_WARM_S of replays first, then at least
+    SUSTAIN_TIMED_S (and SUSTAIN_MIN_REPLAYS) timed."""
+    t = call_bytes(p) / BW_EST + LAUNCH_S
+    y_bytes = p.batch * p.M * itemsize(x_dtype(p.dtype))
+    k = math.ceil(Y_ROTATE_L2 * l2_bytes / (copies * y_bytes))
+    ny = copies * max(1, min(k, MAX_Y_COPIES // copies))
+    reps = ny * max(1, math.ceil(SUSTAIN_REPLAY_S / (ny * t)))
+    replay = reps * t
+    return SustainPlan(reps, ny, max(1, math.ceil(SUSTAIN_WARM_S / replay)),
+                       max(SUSTAIN_MIN_REPLAYS, math.ceil(SUSTAIN_TIMED_S / replay)))
+
+
 def estimate_seconds(points: list[Point], n_cands: list[int], l2_bytes: int,
-                     target_s: float = REPLAY_TARGET_S) -> float:
-    """Expected wall time of tuning ``points`` (``n_cands[i]`` timings for point i)."""
+                     target_s: float = REPLAY_TARGET_S, sustain_top: int = 0,
+                     sustain_bytes: int = SUSTAIN_MIB << 20) -> float:
+    """Expected wall time of tuning ``points`` (``n_cands[i]`` timings for point i; with
+    ``sustain_top``, that many and the current choice timed again at the large points)."""
     flush_s = FLUSH_L2 * l2_bytes / BW_EST
     total = 0.0
     for p, n in zip(points, n_cands):
@@ -246,6 +296,11 @@ def estimate_seconds(points: list[Point], n_cands: list[int], l2_bytes: int,
         point = HOST_S_PER_POINT + pl.reps * call_bytes(p) / BW_EST + n * per_timing
         dense = quant_format(p.dtype) is None  # quantised points: not calibrated
         total += point * (CALIBRATION[(p.layout, p.batch > 1)] if dense else 1.0)
+        if sustain_top and sustained(p, sustain_bytes):
+            sp = sustain_plan(p, pl.reps, l2_bytes)
+            per_timing = (HOST_S_PER_TIMING + sp.reps * HOST_S_PER_CALL
+                          + (sp.warm + sp.replays) * sp.reps * pl.est_call_s)
+            total += min(n, sustain_top + 1) * per_timing
     return total
 
 
@@ -411,9 +466,9 @@ class _Timer:
             self.flush_us = statistics.median(self.replays(self.flush, 1, False, 21, subtract=False))
 
     def replays(self, fn: Callable[[int], Any], reps: int, flush: bool, n: int,
-                subtract: bool = True) -> list[float]:
-        """Per-call us of fn(0..reps-1) over n graph replays (after one warm-up replay). Call
-        inside ``with self.stream``; fn(0) must have run eagerly on it (it fills the memory
+                subtract: bool = True, warm: int = 1) -> list[float]:
+        """Per-call us of fn(0..reps-1) over n graph replays (after ``warm`` warm-up replays).
+        Call inside ``with self.stream``; fn(0) must have run eagerly on it (it fills the memory
         pool with any workspace the calls allocate, so capture needs no cudaMalloc)."""
         cp, s = self.cp, self.stream
         s.begin_capture()
@@ -424,7 +479,8 @@ class _Timer:
                 fn(i)
         finally:
             graph = s.end_capture()
-        graph.launch(s)
+        for _ in range(warm):
+            graph.launch(s)
         ev = [cp.cuda.Event() for _ in range(n + 1)]
         ev[0].record(s)
         for j in range(n):
@@ -437,7 +493,8 @@ class _Timer:
 
 def _tune_points(cp: Any, props: dict, points: list[Point], cands: list[list],
                  befores: list[tuple[int, int] | None], progress: Progress, replays: int,
-                 deadline: float, target_s: float) -> list[dict]:
+                 deadline: float, target_s: float, sustain_top: int = 0,
+                 sustain_bytes: int = SUSTAIN_MIB << 20) -> list[dict]:
     """Check and time every candidate of every point, one record per point, until ``deadline``
     (time.time()) passes: the points not started by then get no record. Points that share W
     (the batches of one shape) reuse its copies."""
@@ -466,8 +523,10 @@ def _tune_points(cp: Any, props: dict, points: list[Point], cands: list[list],
             xshape = (p.K,) if p.batch == 1 else (p.batch, p.K)
             xs = me.random_normal(cp, rs, (pl.reps,) + xshape, dt)
             ys = cp.empty((pl.reps,) + xshape[:-1] + (p.M,), dtype=dt)
-            records.append(_tune_point(cp, timer, p, pl, cand, Ws, xs, ys, replays, progress,
-                                       before))
+            rec = _tune_point(cp, timer, p, pl, cand, Ws, xs, ys, replays, progress, before)
+            if sustain_top and sustained(p, sustain_bytes):
+                _sustain(cp, timer, p, pl, rec, Ws, xs, sustain_top, props["l2_bytes"], progress)
+            records.append(rec)
             del xs, ys
     return records
 
@@ -531,6 +590,46 @@ def _tune_point(cp: Any, timer: _Timer, p: Point, pl: Plan, cand: list[tuple[int
             "before": None if before is None else list(before),
             "before_us": next((r["us"] for r in results if r["status"] == "ok"
                                and (r["config"], r["splits"]) == before), None)}
+
+
+def _sustain(cp: Any, timer: _Timer, p: Point, pl: Plan, rec: dict, Ws: Any, xs: Any, top: int,
+             l2_bytes: int, progress: Progress) -> None:
+    """Time the ``top`` fastest passing candidates of a point's record and its current choice
+    again under sustained load (``sustain_plan``); each gets ``sustained_us``, and the record's
+    best and before_us come from those times (the module docstring)."""
+    import gemvx
+
+    ok = sorted((r for r in rec["results"] if r["status"] == "ok"), key=lambda r: r["us"])
+    before = None if rec["before"] is None else tuple(rec["before"])
+    again = ok[:top] + [r for r in ok[top:] if (r["config"], r["splits"]) == before]
+    if len(again) < 2:
+        return
+    sp = sustain_plan(p, pl.reps, l2_bytes)
+    ys = cp.empty((sp.y_copies,) + xs.shape[1:-1] + (p.M,), dtype=xs.dtype)
+    tr = p.layout == "T"
+    for r in again:
+        def fn(i: int, cfg=(r["config"], r["splits"])) -> None:
+            gemvx.cupy_gemv(Ws[i % pl.reps], xs[i % pl.reps], out=ys[i % sp.y_copies],
+                            transpose=tr, config=cfg)
+
+        try:
+            r["sustained_us"] = statistics.median(
+                timer.replays(fn, sp.reps, False, sp.replays, warm=sp.warm))
+        except Exception as exc:  # noqa: BLE001
+            timer.stream.synchronize()
+            r["sustained_error"] = f"{type(exc).__name__}: {exc}"[:300]
+    del ys
+    timed = [{**r, "us": r["sustained_us"]} for r in again if "sustained_us" in r]
+    rec["sustained"] = sp._asdict()
+    best = choose(timed, before)
+    if best is None:
+        return
+    rec["best"] = {k: best[k] for k in ("config", "splits", "us")}
+    rec["before_us"] = next((r["us"] for r in timed if (r["config"], r["splits"]) == before), None)
+    tag = f"{p.dtype} {p.layout} batch {p.batch} {p.M}x{p.K}"
+    progress.write(f"{tag}: sustained " + ", ".join(
+        f"{r['config']}/{r['splits']} {r['us']:.1f}" for r in sorted(timed, key=lambda r: r["us"]))
+        + " us")
 
 
 def _check_and_time(cp: Any, timer: _Timer, fn: Callable[[int], Any], y0: Any, ref: Any,
@@ -655,6 +754,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help=f"GPU work per graph replay, in calls of the point ({R_MIN}..{R_MAX} calls; "
                          f"default {REPLAY_TARGET_S * 1e6:.0f} us, with --quant "
                          f"{QUANT_REPLAY_TARGET_S * 1e6:.0f} us)")
+    ap.add_argument("--sustained", type=int, default=0, metavar="N",
+                    help="time the N fastest candidates and the current choice again under "
+                         "sustained load (seconds of calls, as a decode runs: the GPU at its power "
+                         "limit) at points whose call moves --sustain-mib or more; default 0 (off)")
+    ap.add_argument("--sustain-mib", type=float, default=SUSTAIN_MIB, metavar="MIB",
+                    help="the size of call --sustained applies to (default %(default)g)")
     ap.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
                     help="start no new point after this long; the table gets the points done "
                          "(with --merge the old entries of the others stay)")
@@ -670,6 +775,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error("--replay-us must be > 0")
     if a.max_w_mib <= 0:
         ap.error("--max-w-mib must be > 0")
+    if a.sustained < 0:
+        ap.error("--sustained must be >= 0")
+    if not a.sustain_mib > 0:
+        ap.error("--sustain-mib must be > 0")
     if a.time_limit is not None and a.time_limit <= 0:
         ap.error("--time-limit must be > 0")
     if a.quant is not None and not set(a.dtypes) & set(QUANT_X_DTYPES):
@@ -715,7 +824,9 @@ def main(argv: list[str] | None = None) -> int:
         cands.append(c if before is None or before in c else c + [before])
         befores.append(before)
     n_timings = sum(map(len, cands))
-    est = estimate_seconds(points, [len(c) for c in cands], props["l2_bytes"], args.replay_us * 1e-6)
+    sustain_bytes = int(args.sustain_mib * 2**20)
+    est = estimate_seconds(points, [len(c) for c in cands], props["l2_bytes"], args.replay_us * 1e-6,
+                           args.sustained, sustain_bytes)
     try:
         out = resolve_out(args.out, arch, device)
         if args.merge and out.exists():
@@ -750,7 +861,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with cp.cuda.Device(args.device):
             records = _tune_points(cp, props, points, cands, befores, progress, args.replays,
-                                   t0 + (args.time_limit or math.inf), args.replay_us * 1e-6)
+                                   t0 + (args.time_limit or math.inf), args.replay_us * 1e-6,
+                                   args.sustained, sustain_bytes)
     finally:
         progress.close()
     elapsed = time.time() - t0
@@ -766,6 +878,9 @@ def main(argv: list[str] | None = None) -> int:
                  "all_configs": args.all_configs, "quant": args.quant},
         "replay_us": args.replay_us, "replays": args.replays,
     }
+    if args.sustained:
+        run["sustained"] = {"top": args.sustained, "min_mib": args.sustain_mib,
+                            "points": sum("sustained" in r for r in records)}
     if args.raw:
         Path(args.raw).write_text(json.dumps({"run": run, "points": records}, indent=1) + "\n")
     entries = [{"dtype": r["dtype"], "layout": r["layout"], "batch": r["batch"], "M": r["M"],
