@@ -29,7 +29,7 @@ per 128-thread block (config 18) went from 231 to 249-262 us, one row per 64-thr
 current choice are timed again as the benchmark times them: outputs of their own past 2x L2
 (call i writes output i % ny), graphs of at least 20 ms of calls, 0.3 s of replays before the
 timed ones; the entry is chosen among those by that time (the same 1% rule). Off by default (it
-adds about 2 s a point): the shipped tables' large points are tuned with it.
+adds about 2 s a point); the shipped H200 table's largest points were tuned with it.
 
 Which candidates run: batch 1 takes the configs with ``max_vectors == 1``, batches > 1 the
 multi-vector ones that take the whole batch in one pass over W (the most vectors where none
