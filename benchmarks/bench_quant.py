@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import math
 import os
 import sys
 import time
@@ -40,6 +39,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench import (  # noqa: E402  (measurement helpers shared with the dense benchmark)
+    choose_reps,
     copies_past_l2,
     _free_pools,
     _me,
@@ -92,12 +92,6 @@ def copies_for(bytes_one: int, l2: int, free: int) -> int:
     return copies_past_l2(bytes_one, bytes_one, l2, free)
 
 
-def reps_for(n: int, call_bytes: int, quick: bool) -> int:
-    est_s = call_bytes / 3.0e12 + 3e-6
-    r = max(20, min(100, int(round((0.6e-3 if quick else 1.5e-3) / est_s))))
-    return n if n >= r else math.ceil(r / n) * n
-
-
 def _rate(r: dict, call_bytes: int, ceiling: float | None) -> None:
     for mode in ("graph", "eager"):
         if r.get(mode):
@@ -133,7 +127,7 @@ def bench_shape(ctx: dict, M: int, K: int) -> dict:
     vec_bytes = (K + M) * B * xd.itemsize
 
     def time_rows(name: str, call_bytes: int, n: int, fn, out0, ref, cfg=None, eager=False) -> None:
-        reps = args.reps or reps_for(n, call_bytes, args.quick)
+        reps = args.reps or choose_reps(n, call_bytes, args.quick)
         r = run_impl(cp, name, fn, out0, ref, tol, reps, replays, "cupy", graph=True, eager=eager,
                      warmup=warm)
         r.update(bytes_per_call=call_bytes, copies=n, reps=reps, config=cfg,
@@ -236,7 +230,7 @@ def bench_configs(ctx: dict, M: int, K: int) -> list[dict]:
         xs = [_me().from_f32(cp, rs.standard_normal(xshape, dtype=cp.float32), xd) for _ in range(n)]
         ys = [cp.empty(xshape[:-1] + (M,), xd) for _ in range(n)]
         ref = _me().quant_reference(cp, qs[0], xs[0])
-        reps = args.reps or reps_for(n, call_bytes, args.quick)
+        reps = args.reps or choose_reps(n, call_bytes, args.quick)
         key = q0.check().table_key(args.x_dtype)
         row = {"dtype": key, "layout": "N", "nvec": B, "M": M, "K": K, "configs": {}}
         spec, dt, plan, _a, beta = _plan.check_quant_call(q0, xs[0], None, 1.0, 0.0, False)
