@@ -89,8 +89,6 @@ TOL = {"float32": 1e-4, "float16": 5e-3, "bfloat16": 3e-2}
 L2_FACTOR = 32                 # working set >= L2_FACTOR x L2 (bench_quant.py too)
 MAX_SET_BYTES = 8 << 30        # cap on the rotated working set of one case
 MAX_COPIES = 256               # cap on the number of rotated copies (tiny shapes)
-Y_FACTOR = 2                   # the outputs alone rotate past Y_FACTOR x L2 where that fits,
-MAX_Y_COPIES = 512             # at most this many outputs (a multiple of the W copies)
 REPS_MIN, REPS_MAX = 20, 100   # calls per captured graph (before rounding to a multiple of n)
 
 
@@ -739,17 +737,9 @@ def plan_copies(M: int, K: int, batch: int, itemsize: int, l2_bytes: int, free_b
 
 
 def y_copies(n: int, y_bytes: int, l2_bytes: int) -> int:
-    """Outputs to rotate (call i writes output i % ny): a multiple of the n W copies, so that the
-    outputs alone pass Y_FACTOR x L2, at most MAX_Y_COPIES (or n, where n is already more).
-
-    With the W copies alone, a large W has few copies (2 at W >= 32x L2) and each output comes
-    back while its lines are still in L2; a kernel that reads W with an L2 evict-first policy then
-    never pays for writing y back to HBM, while one whose stores go to HBM anyway (cuBLAS) does.
-    Outputs of their own past L2 make every implementation pay for its y (benchmarks/README.md)."""
-    if y_bytes <= 0:
-        return n
-    k = math.ceil(Y_FACTOR * l2_bytes / (n * y_bytes))
-    return n * max(1, min(k, MAX_Y_COPIES // n))
+    """Outputs to rotate beside the n W copies: gemvx._measure.output_copies (the tuner's
+    sustained timing rotates them the same way)."""
+    return _me().output_copies(n, y_bytes, l2_bytes)
 
 
 def _est_call_s(call_bytes: int) -> float:
@@ -1188,7 +1178,8 @@ def main(argv=None) -> int:
             "working_set": f">= {L2_FACTOR}x L2 by rotating copies (2 when W >= {L2_FACTOR}x L2), "
                            f"<= {MAX_SET_BYTES >> 30} GiB",
             "outputs": f"graphs rotate their own outputs: a multiple of the copies passing "
-                       f"{Y_FACTOR}x L2, <= {MAX_Y_COPIES} (R a multiple of them); jit results "
+                       f"{_me().Y_ROTATE_L2}x L2, <= {_me().MAX_Y_COPIES} (R a multiple of "
+                       "them); jit results "
                        "are new buffers",
             "graph": "R calls captured per CUDA graph; per-call = replay time / R; median of replays",
             "eager": "events around R back-to-back Python calls; includes launch overhead",

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from gemvx import _table, tune
+from gemvx import _measure, _table, tune
 from gemvx._core import DTYPE_CODES, compiled_configs, config_by_id, gpu_count
 import simgpu
 
@@ -523,7 +523,7 @@ def test_tune_sustained_on_a_simulated_gpu(dirs: tuple[Path, Path], monkeypatch:
     assert "sustained" not in rec[(33, 40)]
     sp = rec[(64, 96)]["sustained"]
     # outputs of their own past 2x L2 (at most 512), every call of a replay on its own output
-    assert sp["y_copies"] == tune.MAX_Y_COPIES and sp["reps"] % sp["y_copies"] == 0
+    assert sp["y_copies"] == _measure.MAX_Y_COPIES and sp["reps"] % sp["y_copies"] == 0
     again = {r["config"]: r["sustained_us"] for r in rec[(64, 96)]["results"] if "sustained_us" in r}
     # the two fastest and the current choice (the fallback rules' here); the first calls of a
     # long graph still cost the short price
@@ -548,7 +548,7 @@ def test_sustain_plan() -> None:
     assert sp16.reps * t16 >= tune.SUSTAIN_REPLAY_S > (sp16.reps - 32) * t16
     assert sp16.replays * sp16.reps * t16 >= tune.SUSTAIN_TIMED_S
     q = tune.sustain_plan(tune.Point("int4g128-float16", "N", 1, 128256, 4096), 7, l2)
-    assert q.y_copies % 7 == 0 and q.y_copies <= tune.MAX_Y_COPIES and q.reps % q.y_copies == 0
+    assert q.y_copies % 7 == 0 and q.y_copies <= _measure.MAX_Y_COPIES and q.reps % q.y_copies == 0
     assert tune.sustained(lm_head, 256 << 20) and not tune.sustained(
         tune.Point("float16", "N", 1, 8192, 8192), 256 << 20)
     # the estimate charges the sustained timings at the large points only

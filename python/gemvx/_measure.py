@@ -20,6 +20,27 @@ TOL = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1.6e-2}
 _U32 = 2.0**-24
 
 
+# Outputs rotated on their own, beside the rotated copies of W (the benchmark's graphs, the
+# tuner's sustained timing): past Y_ROTATE_L2 x L2 where MAX_Y_COPIES of them get there.
+Y_ROTATE_L2 = 2
+MAX_Y_COPIES = 512
+
+
+def output_copies(n: int, y_bytes: int, l2_bytes: int) -> int:
+    """Outputs to rotate (call i writes output i % ny) beside n rotated copies of W: a multiple of
+    n whose outputs alone pass Y_ROTATE_L2 x L2, at most MAX_Y_COPIES (or n, where n is already
+    more).
+
+    With the W copies alone, a large W has few copies (2 at W >= 32x L2) and each output comes
+    back while its lines are still in L2; a kernel that reads W with an L2 evict-first policy then
+    never pays for writing y back to HBM, while one whose stores go to HBM anyway (cuBLAS) does.
+    Outputs of their own past L2 make every implementation pay for its y (benchmarks/README.md)."""
+    if y_bytes <= 0:
+        return n
+    k = math.ceil(Y_ROTATE_L2 * l2_bytes / (n * y_bytes))
+    return n * max(1, min(k, MAX_Y_COPIES // n))
+
+
 def tolerance(dtype: str, K: int) -> float:
     return TOL[dtype] + 4.0 * _U32 * math.sqrt(max(K, 1))
 

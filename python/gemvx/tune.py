@@ -102,8 +102,6 @@ SUSTAIN_REPLAY_S = 20e-3       # work per sustained graph replay, at least
 SUSTAIN_WARM_S = 0.3           # replays before the timed ones, at least
 SUSTAIN_TIMED_S = 0.2          # timed replays, at least (and SUSTAIN_MIN_REPLAYS of them)
 SUSTAIN_MIN_REPLAYS = 5
-Y_ROTATE_L2 = 2                # sustained outputs rotate past this x L2 (benchmarks/bench.py)
-MAX_Y_COPIES = 512
 
 # Cost model for --dry-run and the progress bar's ETA (seconds; estimates, not measurements: a
 # run prints its real time beside the estimate): host time per timing (check, capture, graph
@@ -268,14 +266,14 @@ def sustained(p: Point, sustain_bytes: int) -> bool:
 
 
 def sustain_plan(p: Point, copies: int, l2_bytes: int) -> SustainPlan:
-    """R calls on ``copies`` rotated copies of W and x, with outputs of their own past
-    Y_ROTATE_L2 x L2 (at most MAX_Y_COPIES, a multiple of ``copies``) and R a multiple of them,
-    at least SUSTAIN_REPLAY_S of work a replay; SUSTAIN_WARM_S of replays first, then at least
-    SUSTAIN_TIMED_S (and SUSTAIN_MIN_REPLAYS) timed."""
+    """R calls on ``copies`` rotated copies of W and x, with outputs of their own as the benchmark
+    rotates them (``_measure.output_copies``: past 2x L2, a multiple of ``copies``) and R a
+    multiple of them, at least SUSTAIN_REPLAY_S of work a replay; SUSTAIN_WARM_S of replays
+    first, then at least SUSTAIN_TIMED_S (and SUSTAIN_MIN_REPLAYS) timed."""
+    from ._measure import output_copies
+
     t = call_bytes(p) / BW_EST + LAUNCH_S
-    y_bytes = p.batch * p.M * itemsize(x_dtype(p.dtype))
-    k = math.ceil(Y_ROTATE_L2 * l2_bytes / (copies * y_bytes))
-    ny = copies * max(1, min(k, MAX_Y_COPIES // copies))
+    ny = output_copies(copies, p.batch * p.M * itemsize(x_dtype(p.dtype)), l2_bytes)
     reps = ny * max(1, math.ceil(SUSTAIN_REPLAY_S / (ny * t)))
     replay = reps * t
     return SustainPlan(reps, ny, max(1, math.ceil(SUSTAIN_WARM_S / replay)),
