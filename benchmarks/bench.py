@@ -736,12 +736,6 @@ def plan_copies(M: int, K: int, batch: int, itemsize: int, l2_bytes: int, free_b
     return copies_past_l2(per, w_bytes, l2_bytes, free_bytes), per
 
 
-def y_copies(n: int, y_bytes: int, l2_bytes: int) -> int:
-    """Outputs to rotate beside the n W copies: gemvx._measure.output_copies (the tuner's
-    sustained timing rotates them the same way)."""
-    return _me().output_copies(n, y_bytes, l2_bytes)
-
-
 def _est_call_s(call_bytes: int) -> float:
     """A rough time of one call (seconds): its bytes at ~3 TB/s plus 3 us."""
     return call_bytes / 3.0e12 + 3e-6
@@ -847,7 +841,7 @@ def bench_case(ctx: dict, dtype_name: str, layout: str, batch: int, M: int, K: i
     l2 = ctx["device"]["l2_bytes"]
     n, per = plan_copies(M, K, batch, dt.itemsize, l2, free)
     y_bytes = batch * M * dt.itemsize
-    ny = y_copies(n, y_bytes, l2)
+    ny = me.output_copies(n, y_bytes, l2)  # the tuner's sustained timing rotates them alike
     # Graphs rotate the outputs too (R a multiple of ny); inside jit every result is a new buffer,
     # so the JAX programs keep the W rotation's R.
     reps = args.reps or choose_reps(ny, per, args.quick)
@@ -1179,8 +1173,7 @@ def main(argv=None) -> int:
                            f"<= {MAX_SET_BYTES >> 30} GiB",
             "outputs": f"graphs rotate their own outputs: a multiple of the copies passing "
                        f"{_me().Y_ROTATE_L2}x L2, <= {_me().MAX_Y_COPIES} (R a multiple of "
-                       "them); jit results "
-                       "are new buffers",
+                       "them); jit results are new buffers",
             "graph": "R calls captured per CUDA graph; per-call = replay time / R; median of replays",
             "eager": "events around R back-to-back Python calls; includes launch overhead",
             "span": "JAX door and jnp.dot (the numbers used): JAX profiler, GPU time from the first "

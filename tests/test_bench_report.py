@@ -415,19 +415,19 @@ def test_output_rotation_passes_l2_where_it_fits() -> None:
     l2 = 60 << 20
     # fp16 128256 x 4096, 16 vectors: 2 W copies, 3.9 MiB outputs -> 32 of them (2.1 x L2)
     n, per = bench.plan_copies(128256, 4096, 16, 2, l2, 100 << 30)
-    ny = bench.y_copies(n, 16 * 128256 * 2, l2)
+    ny = _measure.output_copies(n, 16 * 128256 * 2, l2)
     assert (n, ny) == (2, 32) and ny * 16 * 128256 * 2 >= _measure.Y_ROTATE_L2 * l2
     r = bench.choose_reps(ny, per, quick=False)
     assert r % ny == 0 and r % n == 0
     # one 64 KiB vector: capped at MAX_Y_COPIES, still a multiple of n
-    assert bench.y_copies(2, 32768 * 2, l2) == _measure.MAX_Y_COPIES
-    assert bench.y_copies(3, 32768 * 2, l2) == 3 * (_measure.MAX_Y_COPIES // 3)
+    assert _measure.output_copies(2, 32768 * 2, l2) == _measure.MAX_Y_COPIES
+    assert _measure.output_copies(3, 32768 * 2, l2) == 3 * (_measure.MAX_Y_COPIES // 3)
     # outputs already past 2x L2 with the W copies alone: unchanged
-    assert bench.y_copies(57, 2 << 20, l2) == 114 and bench.y_copies(100, 2 << 20, l2) == 100
+    assert _measure.output_copies(57, 2 << 20, l2) == 114 and _measure.output_copies(100, 2 << 20, l2) == 100
     # tiny outputs: 256 W copies (their cap) give 512 outputs (the outputs' cap); W copies past
     # the outputs' cap give as many outputs; no output bytes, the W copies
-    assert bench.y_copies(bench.MAX_COPIES, 1024, l2) == 2 * bench.MAX_COPIES == _measure.MAX_Y_COPIES
-    assert bench.y_copies(600, 1024, l2) == 600 and bench.y_copies(5, 0, l2) == 5
+    assert _measure.output_copies(bench.MAX_COPIES, 1024, l2) == 2 * bench.MAX_COPIES == _measure.MAX_Y_COPIES
+    assert _measure.output_copies(600, 1024, l2) == 600 and _measure.output_copies(5, 0, l2) == 5
 
 
 def test_kernel_time_from_profile() -> None:
