@@ -1,26 +1,31 @@
 #!/usr/bin/env python3
-"""gemvx weight-only quantised GEMV benchmark: int8 / int4 weights against the dense fp16 GEMV.
+"""gemvx weight-only quantised GEMV benchmark: int8 / int4 weights against the dense GEMVs.
 
     python benchmarks/bench_quant.py [--quick] [--shapes 4096x4096,...] [--formats int8c,int4g128]
                                      [--x-dtype float16] [--batch 1] [--json out.json]
+                                     [--no-cublas] [--no-torch] [--no-triton] [--no-jax]
     python benchmarks/bench_quant.py --configs --json sweep.json   # every Quant config x splits
                                      [--config-ids 104,111-117]    # only these configs
 
 For each shape M x K, side by side in one run:
-  * ``gemvx fp16``: the dense gemvx GEMV (``cupy_gemv``, table config) on an fp16 W;
-  * ``cuBLAS fp16``: ``cupy.matmul`` on the same fp16 W (graph if CuPy's cuBLAS call captures,
-    else eager, marked ``e``);
+  * the dense case (W of x's dtype, layout N, the batch): benchmarks/bench.py's ``bench_case``,
+    so gemvx through both doors, cuBLAS (``cupy.matmul``), torch, the autotuned Triton GEMV and
+    XLA's ``jnp.dot``, each measured, checked and timed exactly as the dense benchmark does it
+    (peers that are not installed, or skipped with ``--no-*``, are marked n/a);
   * one row per quantised format (default int8 per-channel, int4 g=128 symmetric, int4 g=128 with
     zero points): ``cupy_gemv(Wq, x)`` with the table's config.
 Method (the same as benchmarks/bench.py, whose timing and checking helpers are imported): every
 implementation is first checked on copy 0 against a float64 reference (output poisoned with NaN
 before), then R calls are captured into a CUDA graph and replayed; per-call time = replay time / R,
 median of the replays. Operands are rotated among n copies so that each format's working set is
->= bench.py's L2_FACTOR (32) x L2 (every call reads its W from HBM). Quantised codes are random
-over their whole range.
+>= bench.py's L2_FACTOR (32) x L2 (every call reads its W from HBM), and outputs among copies of
+their own past 2x L2 (``gemvx._measure.output_copies``, as bench.py does). Quantised codes are
+random over their whole range.
 Bytes per call count what a call must read and write: W (packed codes + scales + zero points) +
 x + y. GB/s = 1e9 B/s; %ceil = GB/s over the read ceiling measured by bench.py's stream-read
-kernel; speed-up = fp16 gemvx time (and cuBLAS time) over the row's time.
+kernel; speed-up = the dense gemvx time, and the best dense peer's time (the fastest of cuBLAS,
+torch, Triton and jnp.dot, each at its own time: graph, else eager, else inside jit), over the
+row's time.
 
 ``--configs`` times every compiled Quant config with splits 1, 2, 4, 8, 16 per shape and format
 and writes the records (dtype = the table's quantised key, e.g. ``int4g128-float16``, config,
@@ -38,7 +43,9 @@ import time
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import report  # noqa: E402
 from bench import (  # noqa: E402  (measurement helpers shared with the dense benchmark)
+    bench_case,
     choose_reps,
     copies_past_l2,
     _free_pools,
@@ -100,16 +107,6 @@ def _rate(r: dict, call_bytes: int, ceiling: float | None) -> None:
                 r[mode]["pct_ceiling"] = 100.0 * r[mode]["gbps"] / ceiling
 
 
-def _best(r: dict) -> tuple[float, str] | None:
-    """(us, mode) of a result: the graph time, else the eager one."""
-    if r.get("status") != "ok":
-        return None
-    for mode in ("graph", "eager"):
-        if r.get(mode):
-            return r[mode]["us"], mode
-    return None
-
-
 def bench_shape(ctx: dict, M: int, K: int) -> dict:
     import gemvx
 
@@ -125,43 +122,20 @@ def bench_shape(ctx: dict, M: int, K: int) -> dict:
     yshape = (M,) if B == 1 else (B, M)
     rs = cp.random.RandomState(args.seed + 7919 * M + K)
     vec_bytes = (K + M) * B * xd.itemsize
+    log(f"[{M}x{K} batch {B} {args.x_dtype}]")
 
-    def time_rows(name: str, call_bytes: int, n: int, fn, out0, ref, cfg=None, eager=False) -> None:
-        reps = args.reps or choose_reps(n, call_bytes, args.quick)
-        r = run_impl(cp, name, fn, out0, ref, tol, reps, replays, "cupy", graph=True, eager=eager,
+    def time_rows(name: str, call_bytes: int, n: int, ny: int, fn, out0, ref, cfg=None) -> None:
+        reps = args.reps or choose_reps(ny, call_bytes, args.quick)
+        r = run_impl(cp, name, fn, out0, ref, tol, reps, replays, "cupy", graph=True, eager=False,
                      warmup=warm)
-        r.update(bytes_per_call=call_bytes, copies=n, reps=reps, config=cfg,
+        r.update(bytes_per_call=call_bytes, copies=n, y_copies=ny, reps=reps, config=cfg,
                  working_set_over_l2=n * call_bytes / max(l2, 1))
         _rate(r, call_bytes, ctx.get("ceiling_gbps"))
         rec["rows"][name] = r
         log(f"   {name:14s} {_cell(r)}")
 
-    # --- dense fp16 W: gemvx and cuBLAS -----------------------------------------------------
-    free, _ = cp.cuda.runtime.memGetInfo()
-    dense_bytes = M * K * 2 + vec_bytes
-    n = copies_for(dense_bytes, l2, free)
-    log(f"[{M}x{K} batch {B} {args.x_dtype}] dense: {n} copies")
-    Ws = [_me().from_f32(cp, rs.standard_normal((M, K), dtype=cp.float32), xd) for _ in range(n)]
-    xs = [_me().from_f32(cp, rs.standard_normal(xshape, dtype=cp.float32), xd) for _ in range(n)]
-    ys = [cp.empty(yshape, xd) for _ in range(n)]
-    ref = cp.empty(yshape, cp.float64)
-    step = max(1, (256 << 20) // (8 * K))
-    for r0 in range(0, M, step):
-        ref[..., r0:r0 + step] = xs[0].astype(cp.float64) @ Ws[0][r0:r0 + step].astype(cp.float64).T
-    time_rows(f"gemvx {args.x_dtype}", dense_bytes, n,
-              lambda i: gemvx.cupy_gemv(Ws[i % n], xs[i % n], out=ys[i % n]), ys[0], ref)
-
-    def f_cublas(i):
-        j = i % n
-        if B == 1:
-            cp.matmul(Ws[j], xs[j], out=ys[j])
-        else:
-            cp.matmul(xs[j], Ws[j].T, out=ys[j])
-
-    time_rows(f"cuBLAS {args.x_dtype}", dense_bytes, n, f_cublas, ys[0], ref, eager=True)
-    for a in (Ws, xs, ys):  # free the buffers (the closures above keep the lists)
-        a.clear()
-    del ref
+    # --- dense W of x's dtype: gemvx and every peer, as bench.py measures them ----------------
+    rec["dense"] = bench_case(ctx, args.x_dtype, "N", B, M, K)
     _free_pools()
 
     # --- quantised formats ----------------------------------------------------------------
@@ -175,12 +149,16 @@ def bench_shape(ctx: dict, M: int, K: int) -> dict:
         n = copies_for(call_bytes, l2, free)
         qs = [random_quantized(cp, fmt, M, K, args.seed + 31 * i + 1) for i in range(n)]
         xs = [_me().from_f32(cp, rs.standard_normal(xshape, dtype=cp.float32), xd) for _ in range(n)]
-        ys = [cp.empty(yshape, xd) for _ in range(n)]
+        ny = _me().output_copies(n, B * M * xd.itemsize, l2)  # as bench.py rotates them
+        ys = [cp.empty(yshape, xd) for _ in range(ny)]
         ref = _me().quant_reference(cp, qs[0], xs[0])
         key = qs[0].check().table_key(args.x_dtype)
         cfg = _pick(key, B, M, K)
-        time_rows(name, call_bytes, n, lambda i: gemvx.cupy_gemv(qs[i % n], xs[i % n], out=ys[i % n]),
-                  ys[0], ref, cfg=cfg)
+
+        def fn(i: int) -> None:
+            gemvx.cupy_gemv(qs[i % n], xs[i % n], out=ys[i % ny])
+
+        time_rows(name, call_bytes, n, ny, fn, ys[0], ref, cfg=cfg)
         rec["rows"][name]["w_bytes"] = w_bytes
         for a in (qs, xs, ys):
             a.clear()
@@ -271,13 +249,11 @@ def _parse_ids(text: str) -> set[int]:
 
 
 def _cell(r: dict) -> str:
-    b = _best(r)
-    if b is None:
+    t = report.timing(r)
+    if t is None:
         return f"{r.get('status')}: {r.get('error', '')}"
-    us, mode = b
-    g = r[mode]
-    pct = f" {g['pct_ceiling']:.0f}%" if "pct_ceiling" in g else ""
-    return f"{us:8.2f} us{'e' if mode == 'eager' else ' '} {g['gbps']:6.0f} GB/s{pct}"
+    pct = f" {t['pct_ceiling']:.0f}%" if "pct_ceiling" in t else ""
+    return f"{t['us']:8.2f} us{'e' if t['mode'] == 'eager' else ' '} {t['gbps']:6.0f} GB/s{pct}"
 
 
 def print_report(meta: dict, results: list[dict]) -> None:
@@ -288,31 +264,38 @@ def print_report(meta: dict, results: list[dict]) -> None:
     if c.get("read_gbps"):
         print(f"read ceiling {c['read_gbps']:.0f} GB/s (bench.py stream-read kernel); x {meta['args']['x_dtype']}, "
               f"batch {meta['args']['batch']}; bytes = W (codes + scales + zeros) + x + y; "
-              f"'e' = eager (graph capture failed)")
-    header = ["shape", "impl", "us", "GB/s", "%ceil", "MiB/call", "x vs fp16 gemvx", "x vs cuBLAS", "cfg"]
+              f"times: graph, 'e' eager (graph capture failed), 's' span inside jit (JAX)")
+    header = ["shape", "impl", "us", "GB/s", "%ceil", "MiB/call", "x vs dense gemvx", "x vs best peer", "cfg"]
     rows = []
     for rec in results:
+        shape = f"{rec['M']}x{rec['K']}"
         if "error" in rec:
-            rows.append([f"{rec['M']}x{rec['K']}", "ERROR", rec["error"][:60], "", "", "", "", "", ""])
+            rows.append([shape, "ERROR", rec["error"][:60], "", "", "", "", "", ""])
             continue
-        base = {k: _best(v) for k, v in rec["rows"].items()}
-        dense = next((v for k, v in base.items() if k.startswith("gemvx")), None)
-        blas = next((v for k, v in base.items() if k.startswith("cuBLAS")), None)
-        for name, r in rec["rows"].items():
-            b = base[name]
-            if b is None:
-                rows.append([f"{rec['M']}x{rec['K']}", name, r.get("status", "?"), "", "", "", "", "",
+        dense, peer = report.quant_dense(rec, [])
+        dn = rec.get("dense") or {}
+        lines = [(f"{r.get('name', k)} ({dn.get('dtype')})", r, dn.get("bytes_per_call"))
+                 for k, r in dn.get("impls", {}).items() if r.get("status") != "n/a"]
+        lines += [(name, r, r.get("bytes_per_call")) for name, r in rec["rows"].items()]
+        for name, r, nbytes in lines:
+            t = report.timing(r)
+            if t is None:
+                rows.append([shape, name, str(r.get("status", "?")), "", "", "", "", "",
                              str(r.get("error", ""))[:40]])
                 continue
-            us, mode = b
-            g = r[mode]
+            us = t["us"]
+            gbps = nbytes / (us * 1e-6) / 1e9 if nbytes else None
+            pct = 100.0 * gbps / c["read_gbps"] if gbps and c.get("read_gbps") else None
+            cfg = r.get("config")
             rows.append([
-                f"{rec['M']}x{rec['K']}", name, f"{us:.2f}{'e' if mode == 'eager' else ''}",
-                f"{g['gbps']:.0f}", f"{g.get('pct_ceiling', float('nan')):.1f}",
-                f"{r['bytes_per_call'] / 2**20:.1f}",
-                f"{dense[0] / us:.2f}" if dense else "-", f"{blas[0] / us:.2f}" if blas else "-",
-                "" if r.get("config") is None else "/".join(map(str, r["config"])),
+                shape, name, f"{us:.2f}" + {"graph": ""}.get(t["mode"], t["mode"][0]),
+                f"{gbps:.0f}" if gbps else "-", f"{pct:.1f}" if pct else "-",
+                f"{nbytes / 2**20:.1f}" if nbytes else "-",
+                f"{dense['us'] / us:.2f}" if dense else "-", f"{peer[0] / us:.2f}" if peer else "-",
+                "/".join(map(str, cfg)) if cfg else "",
             ])
+        if peer:
+            rows.append([shape, f"best dense peer: {peer[1]}", f"{peer[0]:.2f}", "", "", "", "", "", ""])
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
     print("  ".join(h.ljust(w) if i < 2 else h.rjust(w) for i, (h, w) in enumerate(zip(header, widths))))
     print("  ".join("-" * w for w in widths))
@@ -346,6 +329,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--reps", type=int, default=None)
     p.add_argument("--replays", type=int, default=None)
     p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--no-cublas", action="store_true", help="dense peers: skip cuBLAS through cupy.matmul")
+    p.add_argument("--no-torch", action="store_true", help="dense peers: skip torch (and the Triton peer)")
+    p.add_argument("--no-triton", action="store_true", help="dense peers: skip the Triton peer")
+    p.add_argument("--no-jax", action="store_true",
+                   help="dense peers: skip the JAX door (gemv_ffi) and XLA's jnp.dot")
     a = p.parse_args(argv)
     a.formats = [parse_format(f) for f in a.formats.split(",") if f.strip()]
     if a.batch < 1:
@@ -388,6 +376,9 @@ def main(argv: list[str] | None = None) -> int:
             except Exception:
                 pass
             _free_pools()
+        if args.json:  # each shape on disk as it completes: a run cut short keeps what it measured
+            meta["elapsed_s"] = round(time.time() - t0, 1)
+            _write_json(args.json, {"meta": meta, "results": results}, None)
     meta["elapsed_s"] = round(time.time() - t0, 1)
     print_report(meta, results)
     print(f"\n({len(results)} shapes in {meta['elapsed_s']:.0f} s)")
@@ -395,11 +386,15 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _write_json(path: str | None, obj: Any, what: str) -> None:
+def _write_json(path: str | None, obj: Any, what: str | None) -> None:
+    """Write ``obj`` to ``path`` (when given) and say so (when ``what`` is given)."""
     if path:
-        with open(path, "w") as f:
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
             json.dump(obj, f, indent=1, default=str)
-        print(f"{what} -> {path}")
+        os.replace(tmp, path)
+        if what:
+            print(f"{what} -> {path}")
 
 
 if __name__ == "__main__":

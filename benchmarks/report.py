@@ -27,11 +27,13 @@ Definitions (benchmarks/README.md has the method):
     like with like); > 1 means gemvx beats every peer.
   * ffi/cupy = gemv_ffi's span / the CuPy door's graph time: the cost of the JAX door inside
     jit (the same kernel runs behind both doors); not a peer ratio.
-  * quantised rows (``--quant``, JSON of ``benchmarks/bench_quant.py``): speed-up = fp16 time /
-    quantised time on the same M x K, against the dense fp16 gemvx of the same quantised run and
-    against the best fp16 peer: the fastest of cuBLAS / torch / Triton / jnp.dot on that shape
-    (fp16, layout N, batch 1) in the dense files, each peer's own time (graph, else eager, else
-    jit), or the quantised run's own cuBLAS where the dense files lack the shape.
+  * quantised rows (``--quant``, JSON of ``benchmarks/bench_quant.py``): speed-up = dense time /
+    quantised time on the same M x K, where dense = W of x's dtype (float16 or bfloat16), layout
+    N, measured by bench_quant.py in the same run with bench.py's method: against the dense gemvx
+    and against the best dense peer, the fastest of cuBLAS / torch / Triton / jnp.dot, each at its
+    own time (graph, else eager, else jit). Older bench_quant.py files measured only gemvx and
+    cuBLAS; for them the peers come from the dense files (fp16, layout N, batch 1), else the
+    quantised run's own cuBLAS.
 """
 
 from __future__ import annotations
@@ -605,8 +607,8 @@ def _check_lines(title: str, checks: list[dict], md: bool, h: Callable[[int, str
 
 # ---- weight-only quantised rows (benchmarks/bench_quant.py) -------------------------------------
 
-QUANT_HEADER = ["M x K", "format", "x", "us", "GB/s", "%ceil", "cfg", "fp16 gemvx us", "best fp16 peer us",
-                "x vs gemvx fp16", "x vs best peer"]
+QUANT_HEADER = ["M x K", "format", "x", "us", "GB/s", "%ceil", "cfg", "dense gemvx us", "best dense peer us",
+                "x vs dense gemvx", "x vs best peer"]
 # Targets of the quantised kernels at W >= 64 MiB in fp16-equivalent size (M * K * 2 bytes).
 QUANT_TARGET_BYTES = 64 << 20
 QUANT_SPEEDUP = {4: 3.0, 8: 1.8}
@@ -629,19 +631,42 @@ def load_quant(paths: list[str | os.PathLike]) -> tuple[list[dict], list[dict]]:
     return metas, results
 
 
+def best_peer(rec: dict) -> tuple[float, str] | None:
+    """The fastest peer (time, name) of a dense record, each peer at its own time (graph, else
+    eager, else inside jit); unstable times left out."""
+    best = None
+    for key, label in PEERS:
+        t = timing(rec.get("impls", {}).get(key))
+        if t and not unstable(t) and (best is None or t["us"] < best[0]):
+            best = (t["us"], label + (" eager" if t["mode"] == "eager" else ""))
+    return best
+
+
 def best_fp16_peer(records: list[dict], M: int, K: int) -> tuple[float, str] | None:
     """The fastest fp16 peer (time, name) on M x K, layout N, batch 1, in the dense records."""
     for rec in records:
         if (rec.get("dtype"), rec.get("layout"), rec.get("nvec", rec.get("batch")), rec.get("M"), rec.get("K")) \
-                != ("float16", "N", 1, M, K):
-            continue
-        best = None
-        for key, label in PEERS:
-            t = timing(rec.get("impls", {}).get(key))
-            if t and not t.get("unstable") and (best is None or t["us"] < best[0]):
-                best = (t["us"], label + (" eager" if t["mode"] == "eager" else ""))
-        return best
+                == ("float16", "N", 1, M, K):
+            return best_peer(rec)
     return None
+
+
+def quant_dense(res: dict, records: list[dict]) -> tuple[dict | None, tuple[float, str] | None]:
+    """(dense gemvx timing, best dense peer (us, name)) for one bench_quant.py result: from the
+    dense record it measured in the same run; older files (gemvx and cuBLAS rows only) take the
+    peers from the dense files, else their own cuBLAS."""
+    own = res.get("dense")
+    if own is not None:
+        return timing(own.get("impls", {}).get("gemvx"), "graph"), best_peer(own)
+    rws = res["rows"]
+    dense = timing(next((v for k, v in rws.items() if k.startswith("gemvx")), None))
+    peer = best_fp16_peer(records, res["M"], res["K"])
+    blas = timing(next((v for k, v in rws.items() if k.startswith("cuBLAS")), None))
+    if peer is None and blas:
+        peer = (blas["us"], "cuBLAS" + (" eager" if blas["mode"] == "eager" else "") + ", quantised run")
+    elif peer is not None:
+        peer = (peer[0], peer[1] + ", dense files")
+    return dense, peer
 
 
 def _quant_bits(name: str) -> int | None:
@@ -653,13 +678,8 @@ def quant_rows(results: list[dict], records: list[dict]) -> tuple[list[list[str]
     rows, facts = [], []
     for res in results:
         M, K = res["M"], res["K"]
-        rws = res["rows"]
-        dense = timing(next((v for k, v in rws.items() if k.startswith("gemvx")), None))
-        blas = timing(next((v for k, v in rws.items() if k.startswith("cuBLAS")), None))
-        peer = best_fp16_peer(records, M, K)
-        if peer is None and blas:
-            peer = (blas["us"], "cuBLAS" + (" eager" if blas["mode"] == "eager" else "") + ", quantised run")
-        for name, r in rws.items():
+        dense, peer = quant_dense(res, records)
+        for name, r in res["rows"].items():
             bits = _quant_bits(name)
             if bits is None:
                 continue
@@ -691,11 +711,11 @@ def check_quant(facts: list[dict]) -> list[dict]:
     for bits, want in sorted(QUANT_SPEEDUP.items()):
         fs = [f for f in big if f["bits"] == bits and f["vs_peer"]]
         if not fs:
-            out.append({"target": f"int{bits} >= {want:.1f}x the best fp16 peer", "status": "N/A",
+            out.append({"target": f"int{bits} >= {want:.1f}x the best dense peer", "status": "N/A",
                         "detail": "no quantised row at W >= 64 MiB fp16-equivalent with a peer time"})
             continue
         worst = min(fs, key=lambda f: f["vs_peer"])
-        out.append({"target": f"int{bits} >= {want:.1f}x the best fp16 peer (W >= 64 MiB fp16-equivalent)",
+        out.append({"target": f"int{bits} >= {want:.1f}x the best dense peer (W >= 64 MiB fp16-equivalent)",
                     "status": "PASS" if worst["vs_peer"] >= want else "FAIL",
                     "detail": f"{len(fs)} rows: min {worst['vs_peer']:.2f}x ({worst['format']} {worst['M']}x"
                               f"{worst['K']} vs {worst['peer']}), max {max(f['vs_peer'] for f in fs):.2f}x"})
@@ -713,9 +733,10 @@ QUANT_EXPLAIN = (
     "Weight-only quantised W (`benchmarks/bench_quant.py`: CuPy door, CUDA-graph replayed, operands rotated "
     "past L2, batch 1). Formats: int8c / int4c = int8 / int4 with one scale per row; int4g128 = int4 with "
     "one scale per 128 values of a row; z = with zero points. GB/s and %ceil count the packed bytes (codes + scales + "
-    "zero points) + x + y against that run's read ceiling. x vs gemvx fp16 = the dense fp16 gemvx time of "
-    "the same run / the quantised time; x vs best peer = the fastest fp16 peer's time on that shape (see "
-    "the module docstring of report.py) / the quantised time.")
+    "zero points) + x + y against that run's read ceiling. Dense = W of x's dtype, measured in the same run "
+    "with the dense benchmark's method. x vs dense gemvx = the dense gemvx time / the quantised time; x vs best "
+    "peer = the fastest dense peer's time on that shape / the quantised time (older files, which measured "
+    "only cuBLAS: the peer from the dense files, marked so; see the module docstring of report.py).")
 
 
 def render_quant(qmetas: list[dict], results: list[dict], records: list[dict], md: bool,

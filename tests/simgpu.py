@@ -102,6 +102,12 @@ class SimRandomState:
     def standard_normal(self, shape: Any, dtype: Any = np.float64) -> np.ndarray:
         return self.rng.standard_normal(shape, dtype=dtype)
 
+    def randint(self, low: int, high: int, size: Any, dtype: Any = np.int64) -> np.ndarray:
+        return self.rng.integers(low, high, size, dtype=dtype)
+
+    def uniform(self, low: float, high: float, size: Any) -> np.ndarray:
+        return self.rng.uniform(low, high, size)
+
 
 def sim_cupy(props: dict | None = None, free_bytes: int = 8 << 30) -> Any:
     """The CuPy stand-in. ``props``: what cupy.cuda.runtime.getDeviceProperties returns."""
@@ -115,7 +121,7 @@ def sim_cupy(props: dict | None = None, free_bytes: int = 8 << 30) -> Any:
     return SimpleNamespace(
         __version__="sim", ndarray=np.ndarray,
         float16=np.float16, float32=np.float32, float64=np.float64,
-        int16=np.int16, int32=np.int32, uint8=np.uint8, uint16=np.uint16, uint32=np.uint32,
+        int8=np.int8, int16=np.int16, int32=np.int32, uint8=np.uint8, uint16=np.uint16, uint32=np.uint32,
         empty=np.empty, zeros=np.zeros, linalg=np.linalg, asarray=np.asarray, asnumpy=np.asarray,
         random=SimpleNamespace(RandomState=SimRandomState),
         get_default_memory_pool=lambda: pool,

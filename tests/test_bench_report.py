@@ -662,32 +662,31 @@ def test_measure_bfloat16_and_tolerance() -> None:
 
 # ---- bench.py end to end on a simulated GPU --------------------------------------------------
 
-def test_bench_end_to_end_on_a_simulated_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                             capsys: pytest.CaptureFixture) -> None:
-    """bench.py's whole CuPy path (operands, checks, graph and eager timing, JSON, report) with
-    CuPy, gemvx's kernels and cuBLAS simulated: a gemvx call costs 1 ns per element of W, a
-    cuBLAS call twice that; cuBLAS refuses capture, like CuPy's."""
+def _sim_gpu(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """CuPy, gemvx's kernels and cuBLAS simulated for the benchmarks (the simulated CuPy is
+    returned): a gemvx call costs 1 ns per element of W (per byte of a quantised W's codes,
+    scales and zero points), a cuBLAS call 2 ns per element; cuBLAS refuses capture, like
+    CuPy's. The read ceiling is 100 GB/s."""
     import gemvx
     import simgpu
     from gemvx import _core
+    from gemvx.quant import QuantizedWeight, dequantize
     from gemvx.tune import _DRY_PROPS
 
     cp = simgpu.sim_cupy()
 
-    def cost_ms(W: Any) -> float:
-        return W.size * 1e-6
-
     def fake_gemv(W: Any, x: Any, out: Any = None, *, transpose: bool = False, config: Any = None) -> Any:
-        simgpu.spend(cost_ms(W))
+        quant = isinstance(W, QuantizedWeight)
+        simgpu.spend((W.nbytes if quant else W.size) * 1e-6)
         if not simgpu.capturing():
-            W32, x32 = W.astype(np.float32), x.astype(np.float32)
+            W32, x32 = (dequantize(W, np.float32) if quant else W.astype(np.float32)), x.astype(np.float32)
             out[...] = (x32 @ W32 if transpose else x32 @ W32.T).astype(out.dtype)
         return out
 
     def fake_matmul(a: Any, b: Any, out: Any = None) -> Any:
         if simgpu.capturing():
             raise NotImplementedError("calling cuBLAS API during stream capture is currently unsupported")
-        simgpu.spend(2 * cost_ms(a if a.ndim == 2 and a.size > b.size else b))
+        simgpu.spend(2 * (a if a.ndim == 2 and a.size > b.size else b).size * 1e-6)
         out[...] = np.matmul(a.astype(np.float32), b.astype(np.float32)).astype(out.dtype)
         return out
 
@@ -698,6 +697,16 @@ def test_bench_end_to_end_on_a_simulated_gpu(tmp_path: Path, monkeypatch: pytest
     monkeypatch.setattr(bench._CupyTimer, "_stream", None)
     monkeypatch.setattr(bench, "measure_ceiling", lambda *a, **k: {"read_gbps": 100.0, "buffer_bytes": 1 << 30,
                                                                   "read_best": None, "copy": None})
+    return cp
+
+
+def test_bench_end_to_end_on_a_simulated_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                             capsys: pytest.CaptureFixture) -> None:
+    """bench.py's whole CuPy path (operands, checks, graph and eager timing, JSON, report) on
+    the simulated GPU of :func:`_sim_gpu`."""
+    import gemvx
+
+    _sim_gpu(monkeypatch)
     # The JAX door and XLA run for real on JAX's CPU backend (both jitted programs run in every
     # wall sample); the clock is simulated: a program execution costs 20 us plus 3 us per call
     # for gemv_ffi, 4 for jnp.dot, a sample 50 us more plus some jitter common to the pair.
@@ -798,7 +807,7 @@ def test_quant_section_targets_and_peers(tmp_path: Path) -> None:
     by = {(f["M"], f["format"]): f for f in facts}
     # best fp16 peer of 8192^2 is Triton at 1.1 x 30 us (graph), not the dense gemvx
     assert by[8192, "int8c"]["vs_peer"] == pytest.approx(33.0 / 18.0)
-    assert by[8192, "int4g128"]["peer"] == "Triton"
+    assert by[8192, "int4g128"]["peer"] == "Triton, dense files"
     # without a dense case the quantised run's own cuBLAS (eager) is the peer
     assert by[4096, "int8c"]["vs_peer"] == pytest.approx(1.1 * 28.0 / 16.0)
     assert "eager" in by[4096, "int8c"]["peer"]
@@ -812,6 +821,53 @@ def test_quant_section_targets_and_peers(tmp_path: Path) -> None:
     assert {c["target"].split(" ")[0]: c["status"] for c in report.check_quant(slow)}["int4"] == "FAIL"
     text = report.render(*report.load([_dump(tmp_path / "d.json", dense)]), quant=(qmetas, results))
     assert "Weight-only quantised GEMV" in text and "int4g128" in text
+
+
+def test_bench_quant_end_to_end_on_a_simulated_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture) -> None:
+    """bench_quant.py's whole path on the simulated GPU of :func:`_sim_gpu`: the dense record of
+    each shape measured by bench.py's ``bench_case`` in the same run (gemvx and its peers), then
+    each format checked against its float64 reference and timed with outputs rotated as bench.py
+    rotates them; the JSON, the printed table, and the report's ratios against the same run's
+    peers."""
+    pytest.importorskip("ml_dtypes")
+    import bench_quant
+    from gemvx import _measure
+
+    _sim_gpu(monkeypatch)
+    monkeypatch.setattr(bench_quant, "measure_ceiling", bench.measure_ceiling)  # imported by name
+    out = tmp_path / "q.json"
+    argv = ["--shapes", "64x96,40x33", "--formats", "int8c,int4g32z", "--no-torch", "--no-jax",
+            "--replays", "3", "--reps", "4", "--json", str(out)]
+    assert bench_quant.main(argv) == 0
+    text = capsys.readouterr().out
+    data = json.loads(out.read_text())
+    assert data["meta"]["args"]["json"] == "q.json" and data["meta"]["ceiling"]["read_gbps"] == 100.0
+    assert [(r["M"], r["K"]) for r in data["results"]] == [(64, 96), (40, 33)]
+    for res in data["results"]:
+        M, K = res["M"], res["K"]
+        d = res["dense"]
+        assert (d["dtype"], d["layout"], d["batch"], d["M"], d["K"]) == ("float16", "N", 1, M, K)
+        im = d["impls"]
+        assert im["gemvx"]["graph"]["us"] == pytest.approx(M * K * 1e-3)
+        assert im["cublas"]["eager"]["us"] == pytest.approx(2 * M * K * 1e-3) and "graph" not in im["cublas"]
+        assert {im[k]["status"] for k in ("torch", "triton", "gemv_ffi", "xla")} == {"n/a"}
+        assert set(res["rows"]) == {"int8c", "int4g32z"}
+        for name, r in res["rows"].items():
+            groups = 1 if name == "int8c" else -(-K // 32)
+            w_bytes = M * K + 2 * M if name == "int8c" else M * ((K + 1) // 2 + 3 * groups)
+            assert r["status"] == "ok" and r["rel_err"] < 5e-3, r
+            assert r["w_bytes"] == w_bytes and r["bytes_per_call"] == w_bytes + 2 * (M + K)
+            assert r["graph"]["us"] == pytest.approx(w_bytes * 1e-3)
+            assert r["graph"]["pct_ceiling"] == pytest.approx(r["graph"]["gbps"])  # of 100 GB/s
+            assert r["y_copies"] == _measure.output_copies(r["copies"], 2 * M, 64 << 10) > r["copies"]
+        assert f"best dense peer: cuBLAS eager" in text
+    rows, facts = report.quant_rows(data["results"], [])
+    assert len(rows) == len(facts) == 4
+    for f in facts:
+        res = next(r for r in data["results"] if (r["M"], r["K"]) == (f["M"], f["K"]))
+        assert f["peer"] == "cuBLAS eager"  # the same run's peer, no "dense files" / "quantised run"
+        assert f["vs_peer"] == pytest.approx(2 * f["M"] * f["K"] * 1e-3 / res["rows"][f["format"]]["graph"]["us"])
 
 
 def test_recorded_args_names_no_directory() -> None:
