@@ -292,7 +292,7 @@ def print_report(meta: dict, results: list[dict]) -> None:
                 f"{gbps:.0f}" if gbps else "-", f"{pct:.1f}" if pct else "-",
                 f"{nbytes / 2**20:.1f}" if nbytes else "-",
                 f"{dense['us'] / us:.2f}" if dense else "-", f"{peer[0] / us:.2f}" if peer else "-",
-                "/".join(map(str, cfg)) if cfg else "",
+                "" if not cfg else cfg if isinstance(cfg, str) else "/".join(map(str, cfg)),
             ])
         if peer:
             rows.append([shape, f"best dense peer: {peer[1]}", f"{peer[0]:.2f}", "", "", "", "", "", ""])
