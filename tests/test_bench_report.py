@@ -330,6 +330,30 @@ def test_committed_results_still_render(path: Path) -> None:
             assert x["mode"] == mode and row["jnp.dot/ffi"].rstrip("?").endswith(mark), row
 
 
+def _is_quant_file(p: Path) -> bool:
+    d = json.loads(p.read_text())
+    return isinstance(d, dict) and bool(d.get("results")) and "rows" in d["results"][0]
+
+
+@pytest.mark.parametrize("path", sorted(p for p in (BENCH_DIR / "results").glob("*.json") if _is_quant_file(p)),
+                         ids=lambda p: p.name)
+def test_committed_quant_results_still_render(path: Path) -> None:
+    """Every committed bench_quant.py JSON renders its quantised rows: files with the same run's
+    dense case take their peer from it; older ones from their own cuBLAS (no dense files given)."""
+    qmetas, results = report.load_quant([path])
+    rows, facts = report.quant_rows(results, [])
+    assert rows and len(facts) == sum(1 for r in results for k in r["rows"] if k.startswith("int"))
+    for f in facts:
+        res = next(r for r in results if (r["M"], r["K"]) == (f["M"], f["K"]))
+        if "dense" in res:
+            peer = report.best_peer(res["dense"])
+            assert f["peer"] == peer[1] and f["vs_peer"] == pytest.approx(peer[0] / f["us"])
+        else:
+            assert f["peer"].startswith("cuBLAS") and f["peer"].endswith("quantised run")
+    assert "Weight-only quantised GEMV" in "\n".join(report.render_quant(qmetas, results, [], True,
+                                                                        lambda level, t: t))
+
+
 def test_render_text_and_markdown(tmp_path: Path) -> None:
     metas, records = report.load([_dump(tmp_path / "run.json", passing_run())])
     text = report.render(metas, records)
