@@ -753,6 +753,14 @@ def choose_reps(n: int, call_bytes: int, quick: bool) -> int:
     return math.ceil(r / n) * n
 
 
+def graph_rotation(n: int, y_bytes: int, call_bytes: int, l2_bytes: int, args: Any) -> tuple[int, int]:
+    """(outputs, calls per graph) beside n rotated copies of W: the outputs rotate on their own
+    (``_measure.output_copies``) and R is a multiple of them (``choose_reps``; ``--reps``
+    overrides it)."""
+    ny = _me().output_copies(n, y_bytes, l2_bytes)
+    return ny, args.reps or choose_reps(ny, call_bytes, args.quick)
+
+
 def make_operands(cp, dtype_name: str, M: int, K: int, transpose: bool, batch: int, n: int, seed: int):
     """n random copies of W ((M, K), or (K, M) with transpose) and x ((K,) or (batch, K))."""
     me = _me()
@@ -841,10 +849,9 @@ def bench_case(ctx: dict, dtype_name: str, layout: str, batch: int, M: int, K: i
     l2 = ctx["device"]["l2_bytes"]
     n, per = plan_copies(M, K, batch, dt.itemsize, l2, free)
     y_bytes = batch * M * dt.itemsize
-    ny = me.output_copies(n, y_bytes, l2)  # the tuner's sustained timing rotates them alike
-    # Graphs rotate the outputs too (R a multiple of ny); inside jit every result is a new buffer,
-    # so the JAX programs keep the W rotation's R.
-    reps = args.reps or choose_reps(ny, per, args.quick)
+    # Graphs rotate the outputs too (the tuner's sustained timing rotates them alike); inside jit
+    # every result is a new buffer, so the JAX programs keep the W rotation's R.
+    ny, reps = graph_rotation(n, y_bytes, per, l2, args)
     reps_jit = args.reps or choose_reps(n, per, args.quick)
     replays = args.replays or (12 if args.quick else 30)
     warm = 3 if args.quick else 5

@@ -48,6 +48,7 @@ from bench import (  # noqa: E402  (measurement helpers shared with the dense be
     bench_case,
     choose_reps,
     copies_past_l2,
+    graph_rotation,
     _free_pools,
     _me,
     _short,
@@ -95,10 +96,6 @@ def random_quantized(cp: Any, fmt: tuple[int, int | None, bool], M: int, K: int,
     return _me().random_quantized(cp, cp.random.RandomState(seed), *fmt, M, K)
 
 
-def copies_for(bytes_one: int, l2: int, free: int) -> int:
-    return copies_past_l2(bytes_one, bytes_one, l2, free)
-
-
 def _rate(r: dict, call_bytes: int, ceiling: float | None) -> None:
     for mode in ("graph", "eager"):
         if r.get(mode):
@@ -124,8 +121,7 @@ def bench_shape(ctx: dict, M: int, K: int) -> dict:
     vec_bytes = (K + M) * B * xd.itemsize
     log(f"[{M}x{K} batch {B} {args.x_dtype}]")
 
-    def time_rows(name: str, call_bytes: int, n: int, ny: int, fn, out0, ref, cfg=None) -> None:
-        reps = args.reps or choose_reps(ny, call_bytes, args.quick)
+    def time_rows(name: str, call_bytes: int, n: int, ny: int, reps: int, fn, out0, ref, cfg=None) -> None:
         r = run_impl(cp, name, fn, out0, ref, tol, reps, replays, "cupy", graph=True, eager=False,
                      warmup=warm)
         r.update(bytes_per_call=call_bytes, copies=n, y_copies=ny, reps=reps, config=cfg,
@@ -146,10 +142,10 @@ def bench_shape(ctx: dict, M: int, K: int) -> dict:
         del q0
         call_bytes = w_bytes + vec_bytes
         free, _ = cp.cuda.runtime.memGetInfo()
-        n = copies_for(call_bytes, l2, free)
+        n = copies_past_l2(call_bytes, call_bytes, l2, free)
         qs = [random_quantized(cp, fmt, M, K, args.seed + 31 * i + 1) for i in range(n)]
         xs = [_me().from_f32(cp, rs.standard_normal(xshape, dtype=cp.float32), xd) for _ in range(n)]
-        ny = _me().output_copies(n, B * M * xd.itemsize, l2)  # as bench.py rotates them
+        ny, reps = graph_rotation(n, B * M * xd.itemsize, call_bytes, l2, args)  # as bench.py does
         ys = [cp.empty(yshape, xd) for _ in range(ny)]
         ref = _me().quant_reference(cp, qs[0], xs[0])
         key = qs[0].check().table_key(args.x_dtype)
@@ -158,7 +154,7 @@ def bench_shape(ctx: dict, M: int, K: int) -> dict:
         def fn(i: int) -> None:
             gemvx.cupy_gemv(qs[i % n], xs[i % n], out=ys[i % ny])
 
-        time_rows(name, call_bytes, n, ny, fn, ys[0], ref, cfg=cfg)
+        time_rows(name, call_bytes, n, ny, reps, fn, ys[0], ref, cfg=cfg)
         rec["rows"][name]["w_bytes"] = w_bytes
         for a in (qs, xs, ys):
             a.clear()
@@ -203,7 +199,7 @@ def bench_configs(ctx: dict, M: int, K: int) -> list[dict]:
         q0 = random_quantized(cp, fmt, M, K, args.seed)
         call_bytes = q0.nbytes + (K + M) * B * xd.itemsize
         free, _ = cp.cuda.runtime.memGetInfo()
-        n = copies_for(call_bytes, l2, free)
+        n = copies_past_l2(call_bytes, call_bytes, l2, free)
         qs = [q0] + [random_quantized(cp, fmt, M, K, args.seed + 31 * i + 1) for i in range(1, n)]
         xs = [_me().from_f32(cp, rs.standard_normal(xshape, dtype=cp.float32), xd) for _ in range(n)]
         ys = [cp.empty(xshape[:-1] + (M,), xd) for _ in range(n)]
