@@ -724,18 +724,14 @@ def _sim_gpu(monkeypatch: pytest.MonkeyPatch) -> Any:
     return cp
 
 
-def test_bench_end_to_end_on_a_simulated_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                             capsys: pytest.CaptureFixture) -> None:
-    """bench.py's whole CuPy path (operands, checks, graph and eager timing, JSON, report) on
-    the simulated GPU of :func:`_sim_gpu`."""
-    import gemvx
-
-    _sim_gpu(monkeypatch)
-    # The JAX door and XLA run for real on JAX's CPU backend (both jitted programs run in every
-    # wall sample); the clock is simulated: a program execution costs 20 us plus 3 us per call
-    # for gemv_ffi, 4 for jnp.dot, a sample 50 us more plus some jitter common to the pair.
-    # The profile's kernel times are simulated too (a CPU trace has no GPU timeline): 3.5 us per
-    # call for gemv_ffi, 3.6 for jnp.dot (as if the profiler counted PDL waits for ours).
+def _sim_jax(monkeypatch: pytest.MonkeyPatch) -> tuple[list[Any], list[tuple[int, int, int, int]]]:
+    """The JAX door and XLA run for real on JAX's CPU backend (both jitted programs run in every
+    wall sample); the clock is simulated: a program execution costs 20 us plus 3 us per call
+    for gemv_ffi, 4 for jnp.dot, a sample 50 us more plus some jitter common to the pair.
+    The profile's kernel times are simulated too (a CPU trace has no GPU timeline): 3.5 us per
+    call for gemv_ffi, 3.6 for jnp.dot (as if the profiler counted PDL waits for ours); its one
+    kernel does not cut into runs, so there is no span. Returns the traces read and the plans
+    (R1, R2, runs, executions) of the wall samples taken."""
     jax = pytest.importorskip("jax")
 
     traces: list[Any] = []
@@ -761,6 +757,17 @@ def test_bench_end_to_end_on_a_simulated_gpu(tmp_path: Path, monkeypatch: pytest
     monkeypatch.setattr(bench, "gpu_kernels", fake_gpu_kernels)
     monkeypatch.setattr(bench, "kernel_us_per_call", fake_kernel_us)
     monkeypatch.setattr(bench, "wall_samples", fake_wall_samples)
+    return traces, plans
+
+
+def test_bench_end_to_end_on_a_simulated_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                             capsys: pytest.CaptureFixture) -> None:
+    """bench.py's whole CuPy path (operands, checks, graph and eager timing, JSON, report) on
+    the simulated GPU of :func:`_sim_gpu`, with the JAX door and jnp.dot of :func:`_sim_jax`."""
+    import gemvx
+
+    _sim_gpu(monkeypatch)
+    traces, plans = _sim_jax(monkeypatch)
     out = tmp_path / "sim.json"
     argv = ["--dtypes", "float16", "--layouts", "N,T", "--batches", "1,3",
             "--shapes", "64x96,40x33", "--no-torch", "--json", str(out), "--no-plot",
@@ -801,6 +808,38 @@ def test_bench_end_to_end_on_a_simulated_gpu(tmp_path: Path, monkeypatch: pytest
     assert all(report.best_ratio(r) == (pytest.approx(4.0 / 3.0), "xla") for r in records)
     assert all(report.ffi_vs_cupy(r)["ratio"] == pytest.approx(3.0 / (r["M"] * r["K"] * 1e-3))
                for r in records)
+
+
+@pytest.mark.parametrize("span", [True, False], ids=["span", "no-span"])
+def test_bench_quick_takes_the_jit_wall_time_only_without_a_span(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, span: bool) -> None:
+    """--quick times the JAX door and jnp.dot by the profiler's span alone (3 runs of the R1
+    program; no R2 program, no wall samples), and takes the wall time only where the profiler
+    gives no span, so those two still have a number."""
+    _sim_gpu(monkeypatch)
+    traces, plans = _sim_jax(monkeypatch)
+    if span:
+        monkeypatch.setattr(bench, "span_us_per_call",
+                            lambda kernels, runs, calls: [3.4 if len(traces) % 2 else 3.7] * runs)
+    out = tmp_path / "quick.json"
+    argv = ["--quick", "--shapes", "64x96", "--layouts", "N", "--batches", "1", "--no-torch",
+            "--json", str(out), "--no-plot", "--replays", "3", "--reps", "4"]
+    assert bench.main(argv) == 0
+    (rec,) = json.loads(out.read_text())["results"]
+    im = rec["impls"]
+    assert len(traces) == 2
+    for k, us in (("gemv_ffi", 3.4), ("xla", 3.7)):
+        r = im[k]
+        assert r["status"] == "ok" and r["kernel"]["replays"] == 3 and r["kernel"]["reps"] == 4, r
+        if span:
+            assert r["span"]["us"] == pytest.approx(us) and "wall" not in r and "wall_error" not in r, r
+        else:
+            assert "span" not in r and "span_error" in r and r["wall"]["runs"] == 15, r
+    if span:
+        assert plans == []  # no R2 program was timed
+        assert report.best_ratio(report.load([out])[1][0]) == (pytest.approx(3.7 / 3.4), "xla")
+    else:
+        assert [p[:3] for p in plans] == [(4, 8, 15)] * 2  # R2's x drawn when the wall time is needed
 
 
 # ---- quantised section (bench_quant.py JSON) -----------------------------------------------------
