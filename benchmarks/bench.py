@@ -1023,13 +1023,14 @@ def run_jax(ctx: dict, rec: dict, dtype_name: str, Ws: list, xs: list, ref, tol:
     log(f"   jit: R1={r1}, R2={r2} calls per program, {execs} execution(s) per timed sample"
         + (" (--quick: the wall time only where the profiler gives no span)" if quick else ""))
 
-    def fresh_x(n: int) -> list:
-        keys = jax.random.split(jax.random.PRNGKey(ctx["args"].seed), n)
+    def fresh_x(lo: int, hi: int) -> list:
+        """x of calls lo..hi-1: the same values whichever part is drawn first."""
+        keys = jax.random.split(jax.random.PRNGKey(ctx["args"].seed), r2)[lo:hi]
         return [jax.random.normal(k, xs[0].shape, jnp.float32).astype(Wj[0].dtype) for k in keys]
 
     try:
         Wj = [_to_jax(jax, cp, w) for w in Ws]
-        xj = fresh_x(r1 if quick else r2)  # --quick: R2 (the wall time's) only if it is needed
+        xj = fresh_x(0, r1 if quick else r2)  # --quick: R2's (the wall time's) only if needed
         xj[0] = _to_jax(jax, cp, xs[0])
     except Exception as exc:  # noqa: BLE001
         why = f"CuPy -> JAX failed ({_short(exc, 200)})"
@@ -1046,8 +1047,7 @@ def run_jax(ctx: dict, rec: dict, dtype_name: str, Ws: list, xs: list, ref, tol:
     def wall(r: dict, op, progs: tuple) -> None:
         nonlocal xj
         try:
-            if len(xj) < r2:
-                xj = xj + fresh_x(r2)[len(xj):]
+            xj = xj + fresh_x(len(xj), r2)
             r["wall"] = time_jit_wall(jax, op, Wj, xj, r1, wall_runs, execs=execs, programs=progs)
         except Exception as exc:  # noqa: BLE001
             r["wall_error"] = _short(exc, 300)
