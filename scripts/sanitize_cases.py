@@ -139,7 +139,7 @@ def main() -> int:
     # The TMA kernel (QuantTma configs; rows of whole 8 bytes, per-row scales or groups of whole
     # 64-byte rounds): partial stages, one row, later rounds of the persistent loop, splits, batched
     # W, vectors past one n-tile; int4 with group scales and zero points.
-    for c in (c for c in gemvx.configs() if c["family"] == "QuantTma"):
+    for n, c in enumerate(c for c in gemvx.configs() if c["family"] == "QuantTma"):
         for (M, K, splits, nv) in ((37, 1000, 1, 3), (300, 4104, 3, 11), (1, 2056, 1, 1), (50001, 264, 1, 2),
                                    (70, 14336, 13, 2)):  # the last splits empty (spans of whole stages)
             q = quantized(M, K, 8, None, False)
@@ -152,7 +152,9 @@ def main() -> int:
                                                   (300, 8208, 4, 128, 3, 1, False), (70, 28672, 4, 256, 13, 1, True),
                                                   (45, 1000, 8, 64, 1, 1, False)):
             q = quantized(M, K, bits, g, asym)
-            check(q, rand((nv, K), cp.float16), config=(c["id"], splits))
+            # int8 with bfloat16 x (converted to fp16 in shared memory) in every other config
+            xdt = np.dtype("bfloat16") if bits == 8 and n % 2 else cp.float16
+            check(q, rand((nv, K), xdt), config=(c["id"], splits))
         q3 = quantized(3 * 40, 1024, 8, None, False)
         q3 = gemvx.QuantizedWeight(q3.packed.reshape(3, 40, 1024), q3.scales.reshape(3, 40), None, bits=8,
                                    group_size=None, K=1024)

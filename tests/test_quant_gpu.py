@@ -301,17 +301,19 @@ X_EDGE_ROWS = (40, 8453)
 
 
 @GPU
-@pytest.mark.parametrize("fmt,one_by_one,splits,rows", cases(
-    [(8, None, False), (8, 64, False), (4, 128, False), (4, 128, True)], (False, True), (1, 3), X_EDGE_ROWS),
-    ids=qid)
+@pytest.mark.parametrize("fmt,one_by_one,splits,rows,x_dtype", cases(
+    [(8, None, False), (8, 64, False), (4, 128, False), (4, 128, True)], (False, True), (1, 3), X_EDGE_ROWS,
+    QUANT_X_DTYPES), ids=qid)
 def test_tma_nan_and_inf_in_x(cp: Any, rng: np.random.Generator, fmt: tuple[int, Any, bool],
-                              one_by_one: bool, splits: int, rows: int) -> None:
+                              one_by_one: bool, splits: int, rows: int, x_dtype: str) -> None:
     """NaN in x gives NaN rows, +inf gives +-inf by the weight's sign (NaN for a zero weight): two
     vectors in one call, or one vector per call (group scales then take a C column per round;
-    zero points then go through x's round sums, except in a split whose x is not finite)."""
+    zero points then go through x's round sums, except in a split whose x is not finite).
+    int8 with bfloat16 x: the vector is scaled by its largest exponent, infinity's, before it
+    becomes fp16."""
     K = _tma_k(fmt[0], 1024)
     q = random_quantized(rng, (rows, K), fmt)
-    x = random_array(rng, (2, K), "float16")
+    x = random_array(rng, (2, K), x_dtype)
     x[0, 700] = np.nan
     x[1, 5] = np.inf
     q_d, x_d = to_device(cp, q), cp.asarray(x)
@@ -340,6 +342,32 @@ def test_tma_zero_points_large_x(cp: Any, rng: np.random.Generator, rows: int, e
     assert _tma_used(cp, q_d, x_d, TMA_CONFIGS[0], 1) == _hopper(cp)
     got = run_checked(cp, q, x, q_d=q_d, x_d=x_d, config=(TMA_CONFIGS[0], 1))
     assert np.isfinite(got.astype(np.float32)).all()
+
+
+@GPU
+@pytest.mark.parametrize("fmt,one_by_one,splits", cases(TMA_FORMATS, (False, True), (1, 2)), ids=qid)
+def test_tma_bfloat16_x_beyond_float16(cp: Any, rng: np.random.Generator, fmt: tuple[int, Any, bool],
+                                       one_by_one: bool, splits: int) -> None:
+    """bfloat16 x with int8 runs fp16's math, each vector of a block scaled by a power of two of
+    its own (int4 keeps bf16's): x far outside fp16's range (2^100, 2^-100: overflow or zeros
+    unscaled), vectors 2^200 apart in one block (a scale shared by the block would lose one of
+    them), a vector whose values span 2^-40 .. 2^40, and one that is zero but for one value of
+    2^-112 (its scale is capped at 2^126). Four vectors in one call, or one per call."""
+    K = _tma_k(fmt[0], 2064)
+    q = random_quantized(rng, (300, K), fmt, SCALE_DTYPES[(splits + fmt[0] + one_by_one) % 3])
+    f32 = random_array(rng, (4, K), "float32")
+    f32[0] *= np.float32(2.0**100)
+    f32[1] *= np.float32(2.0**-100)
+    f32[2] *= np.exp2(rng.uniform(-40.0, 40.0, K)).astype(np.float32)
+    f32[3] = 0.0
+    f32[3, K // 3] = np.float32(2.0**-112)
+    x = f32.astype(np_dtype("bfloat16"))
+    q_d, x_d = _tma_weight(cp, q), cp.asarray(x)
+    assert _tma_used(cp, q_d, x_d, TMA_CONFIGS[0], splits) == _hopper(cp)
+    for cfg_id in (TMA_CONFIGS[0], TMA_CONFIGS[-1]):
+        for xs in ([x[i] for i in range(4)] if one_by_one else [x]):
+            got = run_checked(cp, q, xs, q_d=q_d, x_d=cp.asarray(xs), config=(cfg_id, splits))
+            assert np.isfinite(got.astype(np.float32)).all()
 
 
 DENSE_N = next(c["id"] for c in gemvx.configs() if not c["quant"] and c["layout"] == "N" and c["max_vectors"] == 1)

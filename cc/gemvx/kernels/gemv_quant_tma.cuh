@@ -21,8 +21,14 @@
 // fragments once, after the copy (gemv_quant builds the fragments with byte permutes every step).
 //
 // The math is gemv_quant's (kernels/gemv_quant.cuh): in each 64-byte round of a stage, each lane
-// dequantises the 16-byte chunk of rows g and g + 8 at byte 16 t into exact integers q - z in x's
-// dtype, B holds x in the same k order, the mmas accumulate in fp32. Per-row scales multiply the
+// dequantises the 16-byte chunk of rows g and g + 8 at byte 16 t into exact integers q - z in the
+// math's dtype (MT), B holds x in the same k order, the mmas accumulate in fp32. MT is x's dtype,
+// but for int8 with bfloat16 x: there x is turned into fp16 in shared memory once, each vector
+// scaled by a power of two (x_to_fp16 below), and each output unscaled by it, so the call costs
+// what an fp16 call does (bf16's int8 dequantisation takes eleven instructions a word, fp16's
+// five). int4 keeps bf16's math: its dequantisation costs bf16 little more (eleven against
+// nine), and the conversion, which every block makes of its whole x, cost the shapes with few
+// tiles a block more than it saved (benchmarks/NOTES.md). Per-row scales multiply the
 // tile's sum at the end (kRow). Group scales (kGroup: a group spans whole rounds) are loaded one
 // stage ahead and applied in fp32 to sums of whole rounds, in one of two ways (Mode below): with
 // one vector, round r of every 8 writes only C column r (the other columns' B fragments read
@@ -90,10 +96,13 @@ __global__ void __launch_bounds__(THREADS) gemv_quant_tma(const __grid_constant_
   static_assert(CW >= 1 && SK % 128 == 0 && SK <= 2048 && S >= 2, "SK: 128..2048 bytes, two stages or more");
   static_assert(CW % WT == 0 && (WT == 1 || TG <= 14), "WT divides the consumer warps; barriers 2..15");
   static_assert(SC == Scaling::kRow || SC == Scaling::kGroup, "scales per row or per group of whole rounds");
-  using Q = QuantMath<T>;
+  constexpr bool kConvertX = BITS == 8 && std::is_same_v<T, __nv_bfloat16>;  // see x_to_fp16
+  using MT = std::conditional_t<kConvertX, __half, T>;  // the consumers' math
+  using Q = QuantMath<MT>;
   extern __shared__ __align__(128) uint8_t quant_tma_ring[];
   uint8_t* const smem = quant_tma_ring;
   __shared__ __align__(8) uint64_t full[CW][S], empty[CW][S], x_ready, sums_ready;
+  __shared__ uint32_t x_exp[NV];  // bf16 x: the largest exponent field of each vector's split
   const QuantArgs& q = p.q;
   const Args& a = q.a;
   const int lane = threadIdx.x % 32;
@@ -152,6 +161,7 @@ __global__ void __launch_bounds__(THREADS) gemv_quant_tma(const __grid_constant_
   const T* const zx = reinterpret_cast<const T*>(zeros64);
   float* const xsum = reinterpret_cast<float*>(zeros64 + 16);  // kColumnsZ: x summed per round
   if (threadIdx.x < 16) zeros64[threadIdx.x] = 0u;
+  if (threadIdx.x < NV) x_exp[threadIdx.x] = 0u;
   // x past this split's K is zero (the copies below write only [0, xlen)).
   for (int v = 0; v < nv; ++v)
     for (int i = xlen + int(threadIdx.x); i < p.x_elems; i += THREADS) xs[v * p.x_elems + i] = T(0.0f);
@@ -361,12 +371,55 @@ __global__ void __launch_bounds__(THREADS) gemv_quant_tma(const __grid_constant_
     for (int i = 0; i < 4; ++i) {  // word i of the chunk
       uint32_t lo[MMAS / 2], hi[MMAS / 2];
       if constexpr (decltype(offset)::value) {
-        dequant_word_offset<T, BITS>(word_of(w0, i), word_of(w1, i), magic, lo, hi);
+        dequant_word_offset<MT, BITS>(word_of(w0, i), word_of(w1, i), magic, lo, hi);
       } else {
-        dequant_word<T, BITS>(word_of(w0, i), word_of(w1, i), magic, blo, bhi, lo, hi);
+        dequant_word<MT, BITS>(word_of(w0, i), word_of(w1, i), magic, blo, bhi, lo, hi);
       }
-      word_mmas<T, BITS>(c[chain(i, 0)], c[chain(i, 1)], lo, hi, b, i);
+      word_mmas<MT, BITS>(c[chain(i, 0)], c[chain(i, 1)], lo, hi, b, i);
     }
+  };
+
+  // int8, bfloat16 x: x as fp16, in place, by the consumer warps (it ends on their barrier).
+  // Vector v of the block is multiplied by 2^x_shift(v), which puts its largest magnitude in
+  // [2^15, 2^16) (the shift is at most 126, for x that small): every finite value stays finite,
+  // and a value is exact in fp16 unless it is 2^31 or more times smaller than the vector's
+  // largest (its error is then below 2^-40 of that largest, far under the fp32 sums' own). NaN
+  // and infinity stay what they are, and so do the rows' results (+-inf or NaN in every row,
+  // whatever the finite values). fp32 holds each value times 2^shift exactly, and each output is
+  // multiplied by 2^-shift (x_unscale), also exact. Group scales (kRounds, kColumns) multiply the
+  // scaled sums (below 2^23 K): only a scale of 2^(105 - log2 K) or more could overflow fp32
+  // there where the unscaled sums would not.
+  auto x_shift = [&](int v) { return min(142 - int(x_exp[v]), 126); };
+  auto x_to_fp16 = [&]() {
+    const int pieces = p.x_elems / 8;  // 16-byte pieces of a vector (whole stages: whole warps' worth)
+    for (int v = 0; v < nv; ++v) {
+      uint32_t m = 0u;  // the largest exponent bits, per half
+      const uint4* xp = reinterpret_cast<const uint4*>(xs + v * p.x_elems);
+      for (int i = threadIdx.x; i < pieces; i += CW * 32) {
+        const uint4 u = xp[i];
+        constexpr uint32_t e = 0x7F807F80u;
+        m = __vmaxu2(m, __vmaxu2(__vmaxu2(u.x & e, u.y & e), __vmaxu2(u.z & e, u.w & e)));
+      }
+      m = __reduce_max_sync(0xffffffffu, max(m & 0xFFFFu, m >> 16) >> 7);
+      if (lane == 0) atomicMax(&x_exp[v], m);
+    }
+    asm volatile("bar.sync 1, %0;" ::"n"(CW * 32) : "memory");  // the consumer warps only
+    for (int v = 0; v < nv; ++v) {
+      const float f = __uint_as_float(uint32_t(127 + x_shift(v)) << 23);
+      uint4* xp = reinterpret_cast<uint4*>(xs + v * p.x_elems);
+      auto half2_of = [&](uint32_t w) {  // a pair of bf16 as fp16, times f
+        return bits_of(__floats2half2_rn(__uint_as_float(w << 16) * f, __uint_as_float(w & 0xFFFF0000u) * f));
+      };
+      for (int i = threadIdx.x; i < pieces; i += CW * 32) {
+        const uint4 u = xp[i];
+        xp[i] = make_uint4(half2_of(u.x), half2_of(u.y), half2_of(u.z), half2_of(u.w));
+      }
+    }
+    asm volatile("bar.sync 1, %0;" ::"n"(CW * 32) : "memory");
+  };
+  // What an output of vector v is multiplied by: 2^-x_shift(v) where x was converted, else 1.
+  auto x_unscale = [&](int v) {
+    return kConvertX ? __uint_as_float(uint32_t(127 - x_shift(v < NV ? v : 0)) << 23) : 1.0f;
   };
 
   // The consumer warps' work in mode `mode`; x_done: x has arrived and is in place already (a
@@ -383,6 +436,7 @@ __global__ void __launch_bounds__(THREADS) gemv_quant_tma(const __grid_constant_
       if (nsp > 0 && tile_of(0, tg) < tiles) fetch_meta(mode, cur, tile_of(0, tg), part);
     if (!x_done) {
       tma::wait(tma::addr(&x_ready), 0);
+      if constexpr (kConvertX) x_to_fp16();
       if constexpr (kOffset) {
         // x into the k order of the B fragments as below; whether any value of x is too large
         // for the offset path (Q::kBigExp: its round sums, or the mmas' sums of the offset codes
@@ -573,7 +627,7 @@ __global__ void __launch_bounds__(THREADS) gemv_quant_tma(const __grid_constant_
       for (int e = 0; e < 4; ++e) {
         const int64_t m = row[e / 2];
         const int v = 2 * t + (e % 2);
-        if (m < a.M && v < nv) store_output<T>(a, split, g, v0 + v, m, c[e] * scale[e / 2]);
+        if (m < a.M && v < nv) store_output<T>(a, split, g, v0 + v, m, c[e] * x_unscale(v) * scale[e / 2]);
       }
     }
     return true;
