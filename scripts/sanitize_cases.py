@@ -140,8 +140,11 @@ def main() -> int:
     # 64-byte rounds): partial stages, one row, later rounds of the persistent loop, splits, batched
     # W, vectors past one n-tile; int4 with group scales and zero points.
     for n, c in enumerate(c for c in gemvx.configs() if c["family"] == "QuantTma"):
+        # (70, 14336, 13): the last splits empty (spans of whole stages); one vector of K = 40960: x read
+        # into registers by the consumers where a split is short enough, converted in shared memory where
+        # not; 9 vectors: a block of 8 (x copied) and a block of one
         for (M, K, splits, nv) in ((37, 1000, 1, 3), (300, 4104, 3, 11), (1, 2056, 1, 1), (50001, 264, 1, 2),
-                                   (70, 14336, 13, 2)):  # the last splits empty (spans of whole stages)
+                                   (70, 14336, 13, 2), (40, 40960, 1, 1), (40, 40960, 4, 1), (40, 4096, 1, 9)):
             q = quantized(M, K, 8, None, False)
             check(q, rand((nv, K), np.dtype("bfloat16")), config=(c["id"], splits))
         # group scales with several vectors, and with one (a C column per round: symmetric, and

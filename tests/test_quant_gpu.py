@@ -370,30 +370,51 @@ def test_tma_bfloat16_x_beyond_float16(cp: Any, rng: np.random.Generator, fmt: t
             assert np.isfinite(got.astype(np.float32)).all()
 
 
+@GPU
+@pytest.mark.parametrize("cfg_id,nvec,splits", cases(TMA_CONFIGS, (1, 9), (1, 4)), ids=qid)
+def test_tma_bfloat16_x_long_and_short(cp: Any, rng: np.random.Generator, cfg_id: int, nvec: int,
+                                       splits: int) -> None:
+    """int8 with bfloat16 x: a block of one vector whose split is at most 8 pieces of 16 bytes a
+    consumer thread reads x into registers, any other block converts the producer's copy in shared
+    memory. One vector of K = 40960: one split is too long for every config, a quarter of it fits
+    in all but the fewest consumer warps; 9 vectors (K = 4096) give a block of 8 (the copy) and a
+    block of one."""
+    K = 40960 if nvec == 1 else 4096
+    q = random_quantized(rng, (45, K), (8, None, False), SCALE_DTYPES[(nvec + splits) % 3])
+    x = random_array(rng, (nvec, K), "bfloat16")
+    q_d, x_d = _tma_weight(cp, q), cp.asarray(x)
+    assert _tma_used(cp, q_d, x_d, cfg_id, splits) == _hopper(cp)
+    run_checked(cp, q, x, q_d=q_d, x_d=x_d, config=(cfg_id, splits))
+
+
 DENSE_N = next(c["id"] for c in gemvx.configs() if not c["quant"] and c["layout"] == "N" and c["max_vectors"] == 1)
 
 
 @GPU
-@pytest.mark.parametrize("cfg_id,fmt", cases(TMA_CONFIGS, [(8, None, False), (4, 128, True)]), ids=qid)
+@pytest.mark.parametrize("cfg_id,fmt,x_dtype", cases(TMA_CONFIGS, [(8, None, False), (4, 128, True)],
+                                                    QUANT_X_DTYPES), ids=qid)
 def test_tma_reads_what_the_calls_before_wrote(cp: Any, rng: np.random.Generator, cfg_id: int,
-                                              fmt: tuple[int, Any, bool]) -> None:
+                                              fmt: tuple[int, Any, bool], x_dtype: str) -> None:
     """The TMA kernel may start while the kernel before it still runs (programmatic dependent
     launch on Hopper: it sets up its barriers and shared memory before it waits on that kernel): it
     must still read what the stream wrote before it, and the kernel after it must read its y. Per
     run: the packed codes are rewritten by a copy (from stale codes), x is the output of a dense
     gemvx call, and a dense call after it reads y; eagerly, then replayed from a CUDA graph with
-    everything poisoned again in between."""
+    everything poisoned again in between. (int8 with one bfloat16 vector: the consumer warps read
+    x from global memory themselves.)"""
     K = _tma_k(fmt[0], 4096)
     M = 2003
+    dt = np_dtype(x_dtype)
     q = random_quantized(rng, (M, K), fmt, "float16")
     stale = random_quantized(rng, (M, K), fmt, "float16")
     q_d = _tma_weight(cp, q)
     codes, stale_d = q_d.packed.copy(), _padded(cp, stale.packed, True)
-    A = random_array(rng, (K, 48), "float16") * np.float16(0.125)  # keeps y and z well inside fp16
-    b = random_array(rng, (48,), "float16")
-    B = random_array(rng, (5, M), "float16")
+    # A scaled by 1/8 keeps y and z well inside fp16
+    A = (random_array(rng, (K, 48), "float32") * np.float32(0.125)).astype(dt)
+    b = random_array(rng, (48,), x_dtype)
+    B = random_array(rng, (5, M), x_dtype)
     A_d, b_d, B_d = cp.asarray(A), cp.asarray(b), cp.asarray(B)
-    x_d, y_d, z_d = (cp.empty(n, cp.float16) for n in (K, M, 5))
+    x_d, y_d, z_d = (cp.empty(n, dt) for n in (K, M, 5))
     assert _tma_used(cp, q_d, x_d, cfg_id, 1) == _hopper(cp)
 
     def poison() -> None:

@@ -16,8 +16,9 @@
 // (armed with the box's byte count), runs its mmas (four chains of dependent mmas), and arrives
 // on `empty`.
 // The block's x (its split of K, for up to 8 vectors) is copied into shared memory once at the
-// start and stays there; past K it is zero, as is W (the tensor map fills boxes past its bounds
-// with zeros), so the last partial stage adds nothing. int4 puts x into the k order of the B
+// start and stays there (int8 with one bfloat16 vector of a short enough split: the consumer warps
+// read it themselves, see x_to_fp16); past K it is zero, as is W (the tensor map fills boxes past
+// its bounds with zeros), so the last partial stage adds nothing. int4 puts x into the k order of the B
 // fragments once, after the copy (gemv_quant builds the fragments with byte permutes every step).
 //
 // The math is gemv_quant's (kernels/gemv_quant.cuh): in each 64-byte round of a stage, each lane
@@ -134,6 +135,11 @@ __global__ void __launch_bounds__(THREADS) gemv_quant_tma(const __grid_constant_
 #pragma unroll
   for (int i = 0; i < TG; ++i) spare += tile_of(0, i) >= tiles ? 1 : 0;
   T* xs = reinterpret_cast<T*>(smem + std::size_t(CW) * S * WSTAGE);
+  // int8 with one bf16 vector of at most kXRegs 16-byte pieces a consumer thread: the consumers
+  // read x from global memory into registers and write it to shared memory as fp16 (x_to_fp16),
+  // and the producer copies none.
+  constexpr int kXRegs = 8;
+  const bool x_regs = kConvertX && nv == 1 && xlen <= kXRegs * 8 * CW * 32;
 
   // Where the launch overlaps the previous kernel (PDL) and K is not split (the launcher's
   // choice), each consumer warp's first box is asked of L2 before the wait, so the first round
@@ -172,11 +178,13 @@ __global__ void __launch_bounds__(THREADS) gemv_quant_tma(const __grid_constant_
     if (lane == 0) {
       const T* X = static_cast<const T*>(a.x) + g * a.x_group + v0 * a.x_vec + k0 * VPB;
       const uint32_t xb = tma::addr(&x_ready);
-      tma::expect(xb, uint32_t(nv) * xlen * sizeof(T));
-      for (int v = 0; v < nv; ++v)
-        for (int o = 0; o < xlen; o += 16384)  // pieces of 32 KiB
-          tma::copy(tma::addr(xs + v * p.x_elems + o), X + v * a.x_vec + o,
-                    uint32_t(min(16384, xlen - o) * sizeof(T)), xb);
+      if (!x_regs) {
+        tma::expect(xb, uint32_t(nv) * xlen * sizeof(T));
+        for (int v = 0; v < nv; ++v)
+          for (int o = 0; o < xlen; o += 16384)  // pieces of 32 KiB
+            tma::copy(tma::addr(xs + v * p.x_elems + o), X + v * a.x_vec + o,
+                      uint32_t(min(16384, xlen - o) * sizeof(T)), xb);
+      }
       const int c0 = int(k0 / 8);
       const int steps = ns(0);  // the most stages any warp of a tile takes
       const uint64_t policy = l2_evict_first();
@@ -379,7 +387,12 @@ __global__ void __launch_bounds__(THREADS) gemv_quant_tma(const __grid_constant_
     }
   };
 
-  // int8, bfloat16 x: x as fp16, in place, by the consumer warps (it ends on their barrier).
+  // int8, bfloat16 x: x as fp16 in shared memory, by the consumer warps (it ends on their
+  // barrier). A block of one vector whose split is at most kXRegs pieces a consumer thread reads
+  // it from global memory into registers, takes the largest exponent there and stores the fp16
+  // values: one read of memory and no pass over shared memory before the conversion (0.05-0.8 us
+  // less than the copy's path on an H200, benchmarks/NOTES.md). Any other block converts the
+  // producer's copy in place, in two passes.
   // Vector v of the block is multiplied by 2^x_shift(v), which puts its largest magnitude in
   // [2^15, 2^16) (the shift is at most 126, for x that small): every finite value stays finite,
   // and a value is exact in fp16 unless it is 2^31 or more times smaller than the vector's
@@ -391,31 +404,57 @@ __global__ void __launch_bounds__(THREADS) gemv_quant_tma(const __grid_constant_
   // there where the unscaled sums would not.
   auto x_shift = [&](int v) { return min(142 - int(x_exp[v]), 126); };
   auto x_to_fp16 = [&]() {
-    const int pieces = p.x_elems / 8;  // 16-byte pieces of a vector (whole stages: whole warps' worth)
-    for (int v = 0; v < nv; ++v) {
-      uint32_t m = 0u;  // the largest exponent bits, per half
-      const uint4* xp = reinterpret_cast<const uint4*>(xs + v * p.x_elems);
-      for (int i = threadIdx.x; i < pieces; i += CW * 32) {
-        const uint4 u = xp[i];
-        constexpr uint32_t e = 0x7F807F80u;
-        m = __vmaxu2(m, __vmaxu2(__vmaxu2(u.x & e, u.y & e), __vmaxu2(u.z & e, u.w & e)));
-      }
+    auto exp_max = [](uint32_t m, uint4 u) {  // m and the exponent fields of u's pairs, per half
+      constexpr uint32_t e = 0x7F807F80u;
+      return __vmaxu2(m, __vmaxu2(__vmaxu2(u.x & e, u.y & e), __vmaxu2(u.z & e, u.w & e)));
+    };
+    auto publish = [&](int v, uint32_t m) {  // the warp's largest exponent field of vector v
       m = __reduce_max_sync(0xffffffffu, max(m & 0xFFFFu, m >> 16) >> 7);
       if (lane == 0) atomicMax(&x_exp[v], m);
-    }
-    asm volatile("bar.sync 1, %0;" ::"n"(CW * 32) : "memory");  // the consumer warps only
-    for (int v = 0; v < nv; ++v) {
-      const float f = __uint_as_float(uint32_t(127 + x_shift(v)) << 23);
-      uint4* xp = reinterpret_cast<uint4*>(xs + v * p.x_elems);
-      auto half2_of = [&](uint32_t w) {  // a pair of bf16 as fp16, times f
+    };
+    auto as_fp16 = [](uint4 u, float f) {  // four pairs of bf16 as fp16, times f
+      auto pair = [&](uint32_t w) {
         return bits_of(__floats2half2_rn(__uint_as_float(w << 16) * f, __uint_as_float(w & 0xFFFF0000u) * f));
       };
-      for (int i = threadIdx.x; i < pieces; i += CW * 32) {
-        const uint4 u = xp[i];
-        xp[i] = make_uint4(half2_of(u.x), half2_of(u.y), half2_of(u.z), half2_of(u.w));
+      return make_uint4(pair(u.x), pair(u.y), pair(u.z), pair(u.w));
+    };
+    auto factor = [&](int v) { return __uint_as_float(uint32_t(127 + x_shift(v)) << 23); };
+    constexpr int STEP = CW * 32;  // the consumer threads
+    uint4* const xp = reinterpret_cast<uint4*>(xs);
+    if (x_regs) {  // one read of global memory, no pass over shared memory before the conversion
+      const T* X0 = static_cast<const T*>(a.x) + g * a.x_group + v0 * a.x_vec + k0 * VPB;
+      const uint4* X = reinterpret_cast<const uint4*>(X0);
+      const int n = xlen / 8;
+      uint4 u[kXRegs];
+      uint32_t m = 0u;
+#pragma unroll
+      for (int j = 0; j < kXRegs; ++j) {
+        const int i = int(threadIdx.x) + j * STEP;
+        u[j] = i < n ? load_keep(X + i) : make_uint4(0u, 0u, 0u, 0u);
+        m = exp_max(m, u[j]);
+      }
+      publish(0, m);
+      asm volatile("bar.sync 1, %0;" ::"n"(STEP) : "memory");  // the consumer warps only
+      const float f = factor(0);
+#pragma unroll
+      for (int j = 0; j < kXRegs; ++j) {
+        const int i = int(threadIdx.x) + j * STEP;
+        if (i < n) xp[i] = as_fp16(u[j], f);
+      }
+    } else {  // in place over the producer's copy
+      const int pieces = p.x_elems / 8;  // 16-byte pieces of a vector (whole stages: whole warps' worth)
+      for (int v = 0; v < nv; ++v) {
+        uint32_t m = 0u;
+        for (int i = threadIdx.x; i < pieces; i += STEP) m = exp_max(m, xp[v * pieces + i]);
+        publish(v, m);
+      }
+      asm volatile("bar.sync 1, %0;" ::"n"(STEP) : "memory");
+      for (int v = 0; v < nv; ++v) {
+        const float f = factor(v);
+        for (int i = threadIdx.x; i < pieces; i += STEP) xp[v * pieces + i] = as_fp16(xp[v * pieces + i], f);
       }
     }
-    asm volatile("bar.sync 1, %0;" ::"n"(CW * 32) : "memory");
+    asm volatile("bar.sync 1, %0;" ::"n"(STEP) : "memory");
   };
   // What an output of vector v is multiplied by: 2^-x_shift(v) where x was converted, else 1.
   auto x_unscale = [&](int v) {
@@ -435,7 +474,7 @@ __global__ void __launch_bounds__(THREADS) gemv_quant_tma(const __grid_constant_
     if constexpr (kGrouped)
       if (nsp > 0 && tile_of(0, tg) < tiles) fetch_meta(mode, cur, tile_of(0, tg), part);
     if (!x_done) {
-      tma::wait(tma::addr(&x_ready), 0);
+      if (!x_regs) tma::wait(tma::addr(&x_ready), 0);
       if constexpr (kConvertX) x_to_fp16();
       if constexpr (kOffset) {
         // x into the k order of the B fragments as below; whether any value of x is too large
