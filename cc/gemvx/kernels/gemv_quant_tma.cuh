@@ -18,8 +18,9 @@
 // The block's x (its split of K, for up to 8 vectors) is copied into shared memory once at the
 // start and stays there (int8 with one bfloat16 vector of a short enough split: the consumer warps
 // read it themselves, see x_to_fp16); past K it is zero, as is W (the tensor map fills boxes past
-// its bounds with zeros), so the last partial stage adds nothing. int4 puts x into the k order of the B
-// fragments once, after the copy (gemv_quant builds the fragments with byte permutes every step).
+// its bounds with zeros), so the last partial stage adds nothing. int4 puts x into the k order of
+// the B fragments once, after the copy (gemv_quant builds the fragments with byte permutes every
+// step).
 //
 // The math is gemv_quant's (kernels/gemv_quant.cuh): in each 64-byte round of a stage, each lane
 // dequantises the 16-byte chunk of rows g and g + 8 at byte 16 t into exact integers q - z in the
@@ -53,8 +54,9 @@
 namespace gemvx {
 namespace kernels {
 
-// The kernel's one argument: the tensor map over W (8-byte elements: dims row bytes / 8, M, groups) and
-// the quantised arguments. The map must live in kernel parameter space (64-byte aligned).
+// The kernel's one argument: the tensor map over W (8-byte elements: dims row bytes / 8, M,
+// groups) and the quantised arguments. The map must live in kernel parameter space (64-byte
+// aligned).
 struct QuantTmaArgs {  // 64-byte aligned, as CUtensorMap is
   CUtensorMap map;
   QuantArgs q;
@@ -140,6 +142,9 @@ __global__ void __launch_bounds__(THREADS) gemv_quant_tma(const __grid_constant_
   // and the producer copies none.
   constexpr int kXRegs = 8;
   const bool x_regs = kConvertX && nv == 1 && xlen <= kXRegs * 8 * CW * 32;
+  // The block's x in global memory: its first vector's values of this split. Taken where it is
+  // used (by the producer, or by the consumers in x_to_fp16), not held across the kernel.
+  auto x_global = [&] { return static_cast<const T*>(a.x) + g * a.x_group + v0 * a.x_vec + k0 * VPB; };
 
   // Where the launch overlaps the previous kernel (PDL) and K is not split (the launcher's
   // choice), each consumer warp's first box is asked of L2 before the wait, so the first round
@@ -176,7 +181,7 @@ __global__ void __launch_bounds__(THREADS) gemv_quant_tma(const __grid_constant_
 
   if (warp == CW) {
     if (lane == 0) {
-      const T* X = static_cast<const T*>(a.x) + g * a.x_group + v0 * a.x_vec + k0 * VPB;
+      const T* X = x_global();
       const uint32_t xb = tma::addr(&x_ready);
       if (!x_regs) {
         tma::expect(xb, uint32_t(nv) * xlen * sizeof(T));
@@ -422,8 +427,7 @@ __global__ void __launch_bounds__(THREADS) gemv_quant_tma(const __grid_constant_
     constexpr int STEP = CW * 32;  // the consumer threads
     uint4* const xp = reinterpret_cast<uint4*>(xs);
     if (x_regs) {  // one read of global memory, no pass over shared memory before the conversion
-      const T* X0 = static_cast<const T*>(a.x) + g * a.x_group + v0 * a.x_vec + k0 * VPB;
-      const uint4* X = reinterpret_cast<const uint4*>(X0);
+      const uint4* X = reinterpret_cast<const uint4*>(x_global());
       const int n = xlen / 8;
       uint4 u[kXRegs];
       uint32_t m = 0u;
